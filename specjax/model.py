@@ -1,0 +1,305 @@
+"""A Llama-family decoder as pure functions of a parameter pytree.
+
+Parameters (layers stacked on a leading axis L and run with ``lax.scan``):
+  embed        [V, D]
+  final_norm   [D]
+  lm_head      [V, D]            only when the embeddings are not tied
+  layers:
+    attn_norm  [L, D]
+    w_qkv      [L, (H+2K)*E, D]   q, k and v projections stacked   (b_qkv [L, (H+2K)*E] with qkv_bias)
+    wo         [L, D, H*E]
+    mlp_norm   [L, D]
+    w_gate_up  [L, 2F, D]         gate and up projections stacked
+    w_down     [L, D, F]
+Matrices are stored [out, in] (the PyTorch / GGUF orientation): on XLA:CPU a batch-1 matrix-vector product
+streams that layout faster than [in, out].
+Fusing q/k/v and gate/up makes one larger matrix-vector product instead of several small ones, which is what
+a bandwidth-bound decode step wants; ``params_from_hf_layout`` builds this layout from the usual separate
+matrices (what checkpoints store).
+
+RoPE uses the rotate-half convention (Hugging Face layout; GGUF loaders undo llama.cpp's permutation).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.kv_cache import KVCache
+
+Params = dict[str, Any]
+
+# A large finite negative instead of -inf, so a fully masked row never becomes NaN.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+class ForwardOutput(NamedTuple):
+  logits: jax.Array   # [B, T, V] float32
+  hidden: jax.Array   # [B, T, D] final hidden states (after the final norm)
+  cache: KVCache      # k/v written at lengths..lengths+T-1; lengths advanced by T
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
+  """Random parameters (for tests and for training a draft model from scratch)."""
+  D, H, K, E, F, V, L = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                         cfg.vocab_size, cfg.num_layers)
+  keys = iter(jax.random.split(key, 12))
+
+  def dense(shape, fan_in):
+    return (jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+
+  layers = {
+      "attn_norm": jnp.ones((L, D), dtype),
+      "w_qkv": dense((L, (H + 2 * K) * E, D), D),
+      "wo": dense((L, D, H * E), H * E),
+      "mlp_norm": jnp.ones((L, D), dtype),
+      "w_gate_up": dense((L, 2 * F, D), D),
+      "w_down": dense((L, D, F), F),
+  }
+  if cfg.qkv_bias:
+    layers["b_qkv"] = dense((L, (H + 2 * K) * E), 1) * 0.1
+  params = {"embed": dense((V, D), 1), "final_norm": jnp.ones((D,), dtype), "layers": layers}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = dense((V, D), D)
+  return params
+
+
+def params_from_hf_layout(cfg: ModelConfig, embed, final_norm, layers: list[dict[str, Any]],
+                          lm_head=None, dtype=jnp.float32) -> Params:
+  """Assemble specjax parameters from per-layer matrices in Hugging Face naming and orientation.
+
+  Each entry of ``layers`` holds numpy arrays ``q_proj [H*E, D]``, ``k_proj``/``v_proj [K*E, D]``,
+  ``o_proj [D, H*E]``, ``gate_proj``/``up_proj [F, D]``, ``down_proj [D, F]``, ``input_layernorm [D]``,
+  ``post_attention_layernorm [D]`` and, with ``cfg.qkv_bias``, ``q_bias``/``k_bias``/``v_bias``.
+  ``embed`` is [V, D]; ``lm_head`` [V, D] or None when tied.  Shapes are checked against ``cfg``.
+  """
+  D, H, K, E, F, V = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                      cfg.vocab_size)
+  expected = {"q_proj": (H * E, D), "k_proj": (K * E, D), "v_proj": (K * E, D), "o_proj": (D, H * E),
+              "gate_proj": (F, D), "up_proj": (F, D), "down_proj": (D, F), "input_layernorm": (D,),
+              "post_attention_layernorm": (D,)}
+  if cfg.qkv_bias:
+    expected.update(q_bias=(H * E,), k_bias=(K * E,), v_bias=(K * E,))
+  if len(layers) != cfg.num_layers:
+    raise ValueError(f"checkpoint has {len(layers)} layers but the config says {cfg.num_layers}")
+  for i, layer in enumerate(layers):
+    for name, shape in expected.items():
+      if name not in layer:
+        raise ValueError(f"layer {i} is missing tensor '{name}'")
+      if tuple(np.shape(layer[name])) != shape:
+        raise ValueError(f"layer {i} tensor '{name}' has shape {tuple(np.shape(layer[name]))}, "
+                         f"expected {shape} for config '{cfg.name}'")
+  if tuple(np.shape(embed)) != (V, D):
+    raise ValueError(f"embedding has shape {tuple(np.shape(embed))}, expected {(V, D)}")
+
+  def stack(fn):
+    return jnp.asarray(np.stack([fn(layer) for layer in layers]), dtype)
+
+  stacked = {
+      "attn_norm": stack(lambda l: l["input_layernorm"]),
+      "w_qkv": stack(lambda l: np.concatenate([l["q_proj"], l["k_proj"], l["v_proj"]], axis=0)),
+      "wo": stack(lambda l: l["o_proj"]),
+      "mlp_norm": stack(lambda l: l["post_attention_layernorm"]),
+      "w_gate_up": stack(lambda l: np.concatenate([l["gate_proj"], l["up_proj"]], axis=0)),
+      "w_down": stack(lambda l: l["down_proj"]),
+  }
+  if cfg.qkv_bias:
+    stacked["b_qkv"] = stack(lambda l: np.concatenate([l["q_bias"], l["k_bias"], l["v_bias"]]))
+  params = {"embed": jnp.asarray(embed, dtype), "final_norm": jnp.asarray(final_norm, dtype),
+            "layers": stacked}
+  if not cfg.tie_embeddings:
+    if lm_head is None:
+      raise ValueError("config has untied embeddings but the checkpoint has no lm_head")
+    params["lm_head"] = jnp.asarray(lm_head, dtype)
+  return params
+
+
+def unstack_layers(params: Params) -> Params:
+  """The same parameters with ``layers`` as a list of per-layer dicts.
+
+  On XLA:CPU a ``lax.scan`` over stacked weights copies each layer's slice before its matmuls, which makes a
+  bandwidth-bound decode step about 2x slower; a Python loop over separate per-layer arrays streams each
+  weight once.  The stacked layout stays canonical (loaders, training); this is an execution layout.
+  """
+  layers = params["layers"]
+  if isinstance(layers, (list, tuple)):
+    return params
+  L = jax.tree_util.tree_leaves(layers)[0].shape[0]
+  return {**params, "layers": [jax.tree_util.tree_map(lambda x: x[i], layers) for i in range(L)]}
+
+
+def stack_layers(params: Params) -> Params:
+  layers = params["layers"]
+  if not isinstance(layers, (list, tuple)):
+    return params
+  return {**params, "layers": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)}
+
+
+def param_bytes(params: Params) -> int:
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)))
+
+
+def cast_params(params: Params, dtype) -> Params:
+  return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+  x = x_BxTxD.astype(jnp.float32)
+  x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+  return (x * scale_D.astype(jnp.float32)).astype(x_BxTxD.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [E/2], with Llama-3 frequency scaling when the config asks for it."""
+  E = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, E, 2, dtype=np.float64) / E))
+  s = cfg.rope_scaling
+  if s is not None:
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * np.pi / inv
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * inv / s.factor + smooth * inv
+    inv = np.where(wavelen > low_wavelen, inv / s.factor,
+                   np.where(wavelen < high_wavelen, inv, smoothed))
+  return inv.astype(np.float32)
+
+
+def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, T, E/2] for the given positions."""
+  angles = positions_BxT.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg))
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BxTxNxE: jax.Array, cos_BxTxR: jax.Array, sin_BxTxR: jax.Array) -> jax.Array:
+  x = x_BxTxNxE.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  cos, sin = cos_BxTxR[:, :, None, :], sin_BxTxR[:, :, None, :]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxE.dtype)
+
+
+def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.Array | None) -> jax.Array:
+  """Which cache slots each new query may see: [B, T, S] bool.
+
+  Slot j is visible to query t of sequence b when it is committed context (j < lengths[b]) or it is one of
+  this call's new slots at or before t (causal), further restricted by ``extra_mask`` (e.g. a token tree's
+  ancestor mask) among the new slots.
+  """
+  j_S = jnp.arange(S)[None, None, :]
+  start_Bx1x1 = lengths_B[:, None, None]
+  rel_BxTxS = j_S - start_Bx1x1                   # position of slot j inside this call's block
+  t_1xTx1 = jnp.arange(T)[None, :, None]
+  visible = (rel_BxTxS < 0) | ((rel_BxTxS >= 0) & (rel_BxTxS <= t_1xTx1))
+  if extra_mask_BxTxT is not None:
+    idx = jnp.clip(rel_BxTxS, 0, T - 1)
+    extra = jnp.take_along_axis(extra_mask_BxTxT, jnp.broadcast_to(idx, (idx.shape[0], T, S)), axis=2)
+    visible = visible & ((rel_BxTxS < 0) | extra)
+  return visible
+
+
+def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
+           mask_BxTxS: jax.Array) -> jax.Array:
+  """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E]."""
+  B, T, H, E = q_BxTxHxE.shape
+  K = k_BxSxKxE.shape[2]
+  q = q_BxTxHxE.reshape(B, T, K, H // K, E)
+  scores = jnp.einsum("btkge,bske->bkgts", q, k_BxSxKxE,
+                      preferred_element_type=jnp.float32) / math.sqrt(E)
+  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum("bkgts,bske->btkge", probs.astype(v_BxSxKxE.dtype), v_BxSxKxE,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
+
+
+def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
+  """Write T new entries per sequence at slots lengths[b].. (out-of-range writes are dropped)."""
+  B, T = new_BxTxKxE.shape[:2]
+  b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+  s_idx = lengths_B[:, None] + jnp.arange(T)[None, :]
+  return buf_LxBxSxKxE.at[layer, b_idx, s_idx].set(new_BxTxKxE.astype(buf_LxBxSxKxE.dtype), mode="drop")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The forward
+
+
+def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+            cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
+            kv_window: int | None = None) -> ForwardOutput:
+  """Run T new tokens per sequence through the model on top of the cache.
+
+  Args:
+    tokens_BxT: token ids.
+    positions_BxT: RoPE positions of the new tokens (usually lengths[b] + t; tree nodes use their depth).
+    cache: the KV cache; the new entries are written at slots lengths[b] + t.
+    extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), e.g. a tree mask.
+    kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T);
+      ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
+  Returns:
+    ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T).
+  """
+  B, T = tokens_BxT.shape
+  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  S = cache.max_len
+  W = S if kv_window is None else min(int(kv_window), S)
+  dtype = params["embed"].dtype
+  lengths = cache.lengths
+
+  x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0)
+  cos, sin = rope_tables(cfg, positions_BxT)
+  # Mask over the window: new slots are written at lengths..lengths+T-1 (< W by the caller's contract).
+  mask_BxTxW = attention_mask(lengths, T, W, extra_mask_BxTxT)
+
+  def layer_fn(carry, layer_in):
+    x_BxTxD, k_all, v_all = carry
+    lp, layer = layer_in
+    h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
+    qkv = jnp.einsum("btd,nd->btn", h, lp["w_qkv"])
+    if cfg.qkv_bias:
+      qkv = qkv + lp["b_qkv"]
+    q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
+    q = apply_rope(q.reshape(B, T, H, E), cos, sin)
+    k = apply_rope(k.reshape(B, T, K, E), cos, sin)
+    v = v.reshape(B, T, K, E)
+    k_all = _write_slots(k_all, layer, k, lengths)
+    v_all = _write_slots(v_all, layer, v, lengths)
+    k_win = jax.lax.dynamic_slice_in_dim(k_all, layer, 1, axis=0)[0, :, :W]
+    v_win = jax.lax.dynamic_slice_in_dim(v_all, layer, 1, axis=0)[0, :, :W]
+    o = attend(q, k_win.astype(dtype), v_win.astype(dtype), mask_BxTxW)
+    x_BxTxD = x_BxTxD + jnp.einsum("btn,dn->btd", o.reshape(B, T, H * E), lp["wo"])
+    h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
+    gate, up = jnp.split(jnp.einsum("btd,fd->btf", h, lp["w_gate_up"]), 2, axis=-1)
+    x_BxTxD = x_BxTxD + jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, lp["w_down"])
+    return (x_BxTxD, k_all, v_all), None
+
+  carry = (x_BxTxD, cache.k, cache.v)
+  if isinstance(params["layers"], (list, tuple)):   # unstacked layout (see unstack_layers)
+    for layer, lp in enumerate(params["layers"]):
+      carry, _ = layer_fn(carry, (lp, layer))
+  else:
+    carry, _ = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(cfg.num_layers)))
+  x_BxTxD, k_all, v_all = carry
+  hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
+  logits = lm_head(params, cfg, hidden)
+  return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T))
+
+
+def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array) -> jax.Array:
+  if cfg.tie_embeddings:
+    return jnp.einsum("btd,vd->btv", hidden_BxTxD, params["embed"], preferred_element_type=jnp.float32)
+  return jnp.einsum("btd,vd->btv", hidden_BxTxD, params["lm_head"], preferred_element_type=jnp.float32)
