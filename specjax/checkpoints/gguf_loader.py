@@ -1,0 +1,287 @@
+"""Load a GGUF file (llama.cpp's format) into a ModelConfig, specjax parameters and a Tokenizer.
+
+Tensors are dequantized to float32 with ``gguf.dequantize`` (F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, the
+K-quants, ... whatever the installed ``gguf`` package handles) and then assembled with
+``specjax.model.params_from_hf_layout``.  After dequantization a GGUF matrix is a numpy array [out, in],
+the Hugging Face orientation.
+
+llama.cpp's converter reorders the rows of the q and k projections of ``llama`` models, per head, from the
+rotate-half RoPE layout to the interleaved one; ``unpermute_qk_llamacpp`` restores the Hugging Face layout
+that ``specjax.model`` uses.  Other architectures (qwen2) are stored unpermuted.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.checkpoints.tokenizer import Tokenizer
+from specjax.config import ModelConfig, RopeScaling
+from specjax.errors import CheckpointError
+from specjax.model import Params, params_from_hf_layout, rope_inv_freq
+
+GGUF_MAGIC = b"GGUF"
+
+# Architectures whose q/k rows llama.cpp permutes when converting.
+PERMUTED_ARCHS = frozenset({"llama"})
+SUPPORTED_ARCHS = frozenset({"llama", "qwen2"})
+
+# GGUF per-layer tensor name -> Hugging Face name used by params_from_hf_layout.
+_LAYER_TENSORS = {
+    "attn_q.weight": "q_proj",
+    "attn_k.weight": "k_proj",
+    "attn_v.weight": "v_proj",
+    "attn_output.weight": "o_proj",
+    "ffn_gate.weight": "gate_proj",
+    "ffn_up.weight": "up_proj",
+    "ffn_down.weight": "down_proj",
+    "attn_norm.weight": "input_layernorm",
+    "ffn_norm.weight": "post_attention_layernorm",
+}
+_BIAS_TENSORS = {"attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# llama.cpp's q/k row permutation
+
+
+def permute_qk_llamacpp(w_NxI: np.ndarray, n_heads: int) -> np.ndarray:
+  """Hugging Face (rotate-half) rows -> llama.cpp (interleaved) rows, as llama.cpp's converter does.
+
+  ``w`` is a q or k projection [n_heads * E, in] (or its bias [n_heads * E]); ``n_heads`` is the number of
+  query heads for q and of kv heads for k.  Within each head, rows (r, E/2 + r) become rows (2r, 2r + 1).
+  """
+  w = np.asarray(w_NxI)
+  half = w.shape[0] // n_heads // 2
+  return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_qk_llamacpp(w_NxI: np.ndarray, n_heads: int) -> np.ndarray:
+  """Inverse of ``permute_qk_llamacpp``: llama.cpp interleaved rows -> Hugging Face rotate-half rows."""
+  w = np.asarray(w_NxI)
+  half = w.shape[0] // n_heads // 2
+  return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading the file
+
+
+def _open_reader(path: Path):
+  """A ``gguf.GGUFReader`` for ``path``; any failure becomes a one-line CheckpointError."""
+  import gguf  # imported lazily: the library is only needed for GGUF files
+
+  if not path.is_file():
+    raise CheckpointError(f"{path}: no such file")
+  with open(path, "rb") as f:
+    magic = f.read(4)
+  if magic != GGUF_MAGIC:
+    raise CheckpointError(f"{path}: not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
+  try:
+    return gguf.GGUFReader(path)
+  except Exception as e:  # the reader raises ValueError/IndexError/KeyError/... on damaged files
+    raise CheckpointError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _field_value(field) -> Any:
+  """A reader field as a plain Python value (str, int, float, bool or list)."""
+  import gguf
+
+  value = field.contents()
+  if isinstance(value, np.generic):
+    value = value.item()
+  if field.types and field.types[0] == gguf.GGUFValueType.FLOAT32:
+    value = float(str(np.float32(value)))   # 1e-05, not 9.999999747378752e-06
+  return value
+
+
+def read_metadata(reader) -> dict[str, Any]:
+  """All key/value metadata of a GGUF reader as plain Python values."""
+  return {key: _field_value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+
+
+def _dequantize(path: Path, tensor) -> np.ndarray:
+  """A reader tensor as float32 numpy in numpy orientation ([out, in] for matrices)."""
+  import gguf
+
+  shape = tuple(int(d) for d in reversed(list(tensor.shape)))
+  try:
+    if tensor.data.dtype.kind == "f":
+      out = np.asarray(tensor.data, dtype=np.float32)
+    else:
+      out = gguf.dequantize(tensor.data, tensor.tensor_type)
+    return np.array(out, dtype=np.float32).reshape(shape)
+  except NotImplementedError as e:
+    raise CheckpointError(f"{path}: tensor '{tensor.name}' uses quantization {tensor.tensor_type.name}, "
+                          f"which the installed gguf package cannot dequantize ({e})") from e
+  except Exception as e:
+    raise CheckpointError(f"{path}: tensor '{tensor.name}' is damaged ({type(e).__name__}: {e})") from e
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Config
+
+
+def _get(meta: Mapping[str, Any], key: str, path: Path, default: Any = None, required: bool = False) -> Any:
+  if key in meta:
+    value = meta[key]
+    if isinstance(value, list):   # per-layer arrays (some models): only uniform values are supported
+      if len(set(value)) != 1:
+        raise CheckpointError(f"{path}: metadata {key} varies per layer ({value[:4]}...), "
+                              "which specjax does not support")
+      value = value[0]
+    return value
+  if required:
+    raise CheckpointError(f"{path}: GGUF metadata is missing required key '{key}'")
+  return default
+
+
+def rope_scaling_from_freq_factors(factors_R: np.ndarray, head_dim: int, rope_theta: float,
+                                   original_context: int | None = None) -> RopeScaling | None:
+  """Recover Llama-3 RoPE scaling from llama.cpp's precomputed ``rope_freqs.weight``.
+
+  llama.cpp stores one divisor per frequency (1 for high frequencies, ``factor`` for low ones, a smooth
+  blend between).  The blend is linear in 1/wavelength, so its slope and intercept fix
+  low/high_freq_factor up to a common scale with the original context length (the resulting frequencies
+  do not depend on that scale).  Returns None when every factor is 1; raises CheckpointError when the
+  factors do not follow the Llama-3 rule.
+  """
+  f = np.asarray(factors_R, dtype=np.float64)
+  if f.shape != (head_dim // 2,):
+    raise CheckpointError(f"rope_freqs.weight has shape {f.shape}, expected {(head_dim // 2,)}")
+  if np.allclose(f, 1.0):
+    return None
+  factor = float(f.max())
+  orig = int(original_context or 8192)
+  inv = 1.0 / (rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+  target = (inv / f).astype(np.float32)
+  candidates = []
+  middle = (f > 1.0 + 1e-6) & (f < factor - 1e-6)
+  if middle.sum() >= 2:
+    smooth = (1.0 / f[middle] - 1.0 / factor) / (1.0 - 1.0 / factor)
+    slope, intercept = np.polyfit(inv[middle] / (2 * np.pi), smooth, 1)
+    if slope > 0:
+      low = -intercept * orig / slope
+      candidates.append(RopeScaling(factor=factor, low_freq_factor=float(low),
+                                    high_freq_factor=float(low + orig / slope),
+                                    original_max_position_embeddings=orig))
+  candidates.append(RopeScaling(factor=factor, original_max_position_embeddings=orig))
+  for scaling in candidates:
+    probe = ModelConfig(name="probe", vocab_size=1, num_layers=1, d_model=head_dim, num_heads=1,
+                        num_kv_heads=1, head_dim=head_dim, ffn_dim=1, rope_theta=rope_theta,
+                        rope_scaling=scaling)
+    if np.allclose(rope_inv_freq(probe), target, rtol=1e-4, atol=0):
+      return scaling
+  raise CheckpointError("rope_freqs.weight does not follow Llama-3 RoPE scaling; specjax cannot represent "
+                        "these per-frequency factors (ModelConfig would need explicit RoPE frequencies)")
+
+
+def _rope_scaling(meta: Mapping[str, Any], arch: str, path: Path, tensors: Mapping[str, Any],
+                  head_dim: int, theta: float) -> RopeScaling | None:
+  kind = _get(meta, f"{arch}.rope.scaling.type", path, default="none")
+  factor = float(_get(meta, f"{arch}.rope.scaling.factor", path, default=1.0) or 1.0)
+  orig = _get(meta, f"{arch}.rope.scaling.original_context_length", path)
+  if "rope_freqs.weight" in tensors:
+    return rope_scaling_from_freq_factors(_dequantize(path, tensors["rope_freqs.weight"]), head_dim, theta,
+                                          orig)
+  if kind in ("none", "", None) or factor == 1.0:
+    return None
+  raise CheckpointError(f"{path}: RoPE scaling type '{kind}' (factor {factor}) is not supported; specjax "
+                        "handles Llama-3 scaling given as a rope_freqs.weight tensor")
+
+
+def config_from_metadata(meta: Mapping[str, Any], tensors: Mapping[str, Any], path: Path,
+                         tokenizer: Tokenizer | None = None) -> ModelConfig:
+  """A ModelConfig from GGUF metadata and the tensor table (name -> reader tensor)."""
+  arch = meta.get("general.architecture")
+  if arch not in SUPPORTED_ARCHS:
+    raise CheckpointError(f"{path}: architecture '{arch}' is not supported (supported: "
+                          f"{', '.join(sorted(SUPPORTED_ARCHS))})")
+  num_layers = int(_get(meta, f"{arch}.block_count", path, required=True))
+  d_model = int(_get(meta, f"{arch}.embedding_length", path, required=True))
+  num_heads = int(_get(meta, f"{arch}.attention.head_count", path, required=True))
+  num_kv_heads = int(_get(meta, f"{arch}.attention.head_count_kv", path, default=num_heads))
+  head_dim = int(_get(meta, f"{arch}.attention.key_length", path, default=d_model // num_heads))
+  rope_dim = int(_get(meta, f"{arch}.rope.dimension_count", path, default=head_dim))
+  if rope_dim != head_dim:
+    raise CheckpointError(f"{path}: partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) "
+                          "are not supported")
+  theta = float(_get(meta, f"{arch}.rope.freq_base", path, default=10000.0))
+  if "token_embd.weight" not in tensors:
+    raise CheckpointError(f"{path}: GGUF file has no 'token_embd.weight' tensor")
+  vocab_size = int(tensors["token_embd.weight"].shape[-1])   # GGUF dims are [in, out]: [D, V]
+  bos = meta.get("tokenizer.ggml.bos_token_id")
+  eos = (tokenizer.eos_token_ids if tokenizer is not None else
+         tuple(int(meta[k]) for k in ("tokenizer.ggml.eos_token_id",) if k in meta))
+  try:
+    return ModelConfig(
+        name=path.stem, vocab_size=vocab_size, num_layers=num_layers, d_model=d_model,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        ffn_dim=int(_get(meta, f"{arch}.feed_forward_length", path, required=True)),
+        rope_theta=theta,
+        rope_scaling=_rope_scaling(meta, arch, path, tensors, head_dim, theta),
+        norm_eps=float(_get(meta, f"{arch}.attention.layer_norm_rms_epsilon", path, default=1e-5)),
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        max_position=int(_get(meta, f"{arch}.context_length", path, default=2048)),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=tuple(eos))
+  except ValueError as e:
+    raise CheckpointError(f"{path}: inconsistent model metadata ({e})") from e
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def _tensor(tensors: Mapping[str, Any], name: str, path: Path) -> np.ndarray:
+  if name not in tensors:
+    raise CheckpointError(f"{path}: GGUF file is missing tensor '{name}'")
+  return _dequantize(path, tensors[name])
+
+
+def _layer(tensors: Mapping[str, Any], i: int, cfg: ModelConfig, arch: str, path: Path) -> dict:
+  """One layer's matrices in Hugging Face naming and layout."""
+  layer = {hf: _tensor(tensors, f"blk.{i}.{name}", path) for name, hf in _LAYER_TENSORS.items()}
+  if cfg.qkv_bias:
+    layer.update({hf: _tensor(tensors, f"blk.{i}.{name}", path) for name, hf in _BIAS_TENSORS.items()})
+  if arch in PERMUTED_ARCHS:
+    for key, n in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads),
+                   ("q_bias", cfg.num_heads), ("k_bias", cfg.num_kv_heads)):
+      if key in layer:
+        layer[key] = unpermute_qk_llamacpp(layer[key], n)
+  return layer
+
+
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, Params, Tokenizer]:
+  """Load a GGUF checkpoint.
+
+  Returns:
+    (config, params in ``dtype``, tokenizer).  ``config.eos_token_ids`` are the tokenizer's stop ids (the
+    declared EOS plus the chat template's end-of-turn token).
+  Raises:
+    CheckpointError: the file is missing, not GGUF, damaged, or describes an unsupported model.
+  """
+  path = Path(path)
+  reader = _open_reader(path)
+  try:
+    meta = read_metadata(reader)
+  except Exception as e:
+    raise CheckpointError(f"{path}: corrupt GGUF metadata ({type(e).__name__}: {e})") from e
+  tensors = {t.name: t for t in reader.tensors}
+  tokenizer = Tokenizer.from_gguf_fields(meta)
+  cfg = config_from_metadata(meta, tensors, path, tokenizer)
+  arch = meta["general.architecture"]
+  embed = _tensor(tensors, "token_embd.weight", path)
+  layers = [_layer(tensors, i, cfg, arch, path) for i in range(cfg.num_layers)]
+  final_norm = _tensor(tensors, "output_norm.weight", path)
+  lm_head = None if cfg.tie_embeddings else _tensor(tensors, "output.weight", path)
+  try:
+    params = params_from_hf_layout(cfg, embed, final_norm, layers, lm_head, dtype)
+  except ValueError as e:
+    raise CheckpointError(f"{path}: {e}") from e
+  return cfg, params, tokenizer

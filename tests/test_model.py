@@ -1,0 +1,182 @@
+"""The forward against an independent numpy reference, and the cache against a full forward."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import config, decode, kv_cache, model, sampling
+from tests.reference import random_hf_weights, reference_logits
+
+TINY = config.TINY
+VARIANTS = {
+    "tiny": TINY,
+    "untied_qkv_bias": TINY.replace(name="tiny-qwen", tie_embeddings=False, qkv_bias=True),
+    "llama3_rope": TINY.replace(name="tiny-l3", rope_scaling=config.RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "mha": TINY.replace(name="tiny-mha", num_kv_heads=4),
+}
+
+
+def _params(cfg, seed=0):
+  w = random_hf_weights(cfg, seed)
+  return w, model.params_from_hf_layout(cfg, w["embed"], w["final_norm"], w["layers"], w["lm_head"])
+
+
+def _full_logits(params, cfg, tokens_BxT, max_len=64):
+  B, T = tokens_BxT.shape
+  cache = kv_cache.init_cache(cfg, B, max_len)
+  pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+  return model.forward(params, cfg, tokens_BxT, pos, cache).logits
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("layout", ["stacked", "unstacked"])
+def test_forward_matches_numpy_reference(variant, layout):
+  cfg = VARIANTS[variant]
+  w, params = _params(cfg)
+  if layout == "unstacked":
+    params = model.unstack_layers(params)
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, size=20)
+  got = np.asarray(_full_logits(params, cfg, jnp.asarray(tokens)[None]))[0]
+  want = reference_logits(cfg, w, tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_jit_and_no_jit_agree():
+  cfg = TINY
+  _, params = _params(cfg)
+  tokens = jnp.arange(10)[None] % cfg.vocab_size
+  eager = _full_logits(params, cfg, tokens)
+  jitted = jax.jit(lambda p, t: _full_logits(p, cfg, t))(params, tokens)
+  np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 32])
+def test_incremental_decoding_matches_full_forward(window):
+  """Feeding a sequence one chunk at a time through the cache gives the full forward's logits."""
+  cfg = TINY
+  _, params = _params(cfg)
+  T = 24
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, size=(2, T)))
+  full = _full_logits(params, cfg, tokens)
+  cache = kv_cache.init_cache(cfg, 2, 64)
+  chunks, pieces, start = [5, 1, 3, 1, 1, 8, 5], [], 0
+  for n in chunks:
+    pos = jnp.broadcast_to(jnp.arange(start, start + n), (2, n))
+    out = model.forward(params, cfg, tokens[:, start:start + n], pos, cache, kv_window=window)
+    cache = out.cache
+    pieces.append(out.logits)
+    start += n
+  inc = jnp.concatenate(pieces, axis=1)
+  np.testing.assert_allclose(inc, full, rtol=1e-5, atol=1e-5 * float(jnp.abs(full).max()))
+  assert cache.lengths.tolist() == [T, T]
+
+
+def test_cache_never_attends_past_length():
+  """Garbage written past a sequence's length must not change its logits."""
+  cfg = TINY
+  _, params = _params(cfg)
+  tokens = jnp.arange(6)[None] + 3
+  cache = kv_cache.init_cache(cfg, 1, 32)
+  out = model.forward(params, cfg, tokens, jnp.arange(6)[None], cache)
+  poisoned = out.cache.replace(k=out.cache.k.at[:, :, 6:].set(1e4), v=out.cache.v.at[:, :, 6:].set(-1e4))
+  step = lambda c: model.forward(params, cfg, jnp.array([[7]]), jnp.array([[6]]), c).logits
+  np.testing.assert_allclose(step(out.cache), step(poisoned), rtol=1e-6)
+
+
+def test_extra_mask_restricts_new_tokens():
+  """With an extra mask that hides the previous new token, logits equal a forward without that token."""
+  cfg = TINY
+  _, params = _params(cfg)
+  cache = kv_cache.init_cache(cfg, 1, 32)
+  prefix = model.forward(params, cfg, jnp.array([[3, 4, 5]]), jnp.arange(3)[None], cache).cache
+  # Two sibling nodes at the same depth: each sees the prefix and itself only.
+  mask = jnp.array([[[True, False], [False, True]]])
+  out = model.forward(params, cfg, jnp.array([[9, 11]]), jnp.array([[3, 3]]), prefix, mask)
+  alone = model.forward(params, cfg, jnp.array([[11]]), jnp.array([[3]]), prefix).logits
+  np.testing.assert_allclose(out.logits[:, 1], alone[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_params_close_to_fp32():
+  cfg = TINY
+  _, params = _params(cfg)
+  tokens = jnp.arange(12)[None] + 5
+  f32 = _full_logits(params, cfg, tokens)
+  bf16 = _full_logits(model.cast_params(params, jnp.bfloat16), cfg, tokens)
+  assert bf16.dtype == jnp.float32
+  np.testing.assert_allclose(bf16, f32, rtol=5e-2, atol=5e-2 * float(jnp.abs(f32).max()))
+
+
+def _greedy_reference(params, cfg, prompt, n):
+  """Teacher-forced argmax rollout with a full forward per token (no cache reuse)."""
+  seq = list(prompt)
+  pad = len(prompt) + n
+  full = jax.jit(lambda p, t: _full_logits(p, cfg, t, max_len=pad))
+  for _ in range(n):
+    # Causal: right padding does not change the logits at the last real position.
+    padded = jnp.asarray(seq + [0] * (pad - len(seq)))[None]
+    seq.append(int(jnp.argmax(full(params, padded)[0, len(seq) - 1])))
+  return seq[len(prompt):]
+
+
+def _run_generate(params, cfg, prompts, max_new, max_len=64, sp=sampling.SamplingParams(), eos=(),
+                  buckets=None, seed=0):
+  B = len(prompts)
+  P = max(len(p) for p in prompts)
+  arr = np.zeros((B, P), np.int32)
+  for i, p in enumerate(prompts):
+    arr[i, :len(p)] = p
+  cache = kv_cache.init_cache(cfg, B, max_len)
+  res = decode.generate(params, cache, jnp.asarray(arr), jnp.asarray([len(p) for p in prompts]),
+                        jnp.asarray(max_new, jnp.int32) * jnp.ones((B,), jnp.int32),
+                        jax.random.PRNGKey(seed), cfg=cfg, sp=sp, eos_ids=eos, buckets=buckets)
+  seq = np.asarray(res.seq_BxS)
+  return [seq[i, len(p):len(p) + int(res.num_new_B[i])].tolist() for i, p in enumerate(prompts)], res
+
+
+@pytest.mark.parametrize("buckets", [None, (16, 32, 64)])
+def test_greedy_generate_matches_teacher_forced_rollout(buckets):
+  cfg = TINY
+  _, params = _params(cfg)
+  prompt = [5, 9, 13, 2 + 20]
+  out, res = _run_generate(params, cfg, [prompt], 12, buckets=buckets)
+  assert out[0] == _greedy_reference(params, cfg, prompt, 12)
+  assert int(res.steps) == 11   # the first token comes from the prefill
+
+
+def test_batch_of_different_lengths_equals_each_alone():
+  cfg = TINY
+  _, params = _params(cfg)
+  prompts = [[4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [20]]
+  batched, _ = _run_generate(params, cfg, prompts, 10, buckets=(16, 32, 64))
+  for p, got in zip(prompts, batched):
+    alone, _ = _run_generate(params, cfg, [p], 10)
+    assert got == alone[0]
+
+
+def test_stops_at_eos_and_per_sequence_max_new():
+  cfg = TINY
+  _, params = _params(cfg)
+  prompt = [5, 9, 13]
+  free, _ = _run_generate(params, cfg, [prompt], 12)
+  eos = free[0][4]
+  first = free[0].index(eos)
+  stopped, res = _run_generate(params, cfg, [prompt], 12, eos=(eos,))
+  assert stopped[0] == free[0][:first + 1]
+  B = 2
+  cache = kv_cache.init_cache(cfg, B, 64)
+  res = decode.generate(params, cache, jnp.asarray([prompt, prompt]), jnp.asarray([3, 3]),
+                        jnp.asarray([3, 7]), jax.random.PRNGKey(0), cfg=cfg, sp=sampling.SamplingParams())
+  assert res.num_new_B.tolist() == [3, 7]
+  assert np.asarray(res.seq_BxS)[0, 3:6].tolist() == free[0][:3]
+  assert np.asarray(res.seq_BxS)[1, 3:10].tolist() == free[0][:7]
+
+
+def test_sampling_is_reproducible_and_seed_dependent():
+  cfg = TINY
+  _, params = _params(cfg)
+  sp = sampling.SamplingParams(temperature=3.0, top_k=40, top_p=0.95)
+  a, _ = _run_generate(params, cfg, [[1, 2, 3]], 16, sp=sp, seed=3)
+  b, _ = _run_generate(params, cfg, [[1, 2, 3]], 16, sp=sp, seed=3)
+  c, _ = _run_generate(params, cfg, [[1, 2, 3]], 16, sp=sp, seed=4)
+  assert a == b and a != c
