@@ -1,0 +1,217 @@
+"""The ``specjax`` command line: a thin layer over ``specjax.api`` (gin is applied here, nowhere else).
+
+Every measuring command takes ``--json`` and then prints exactly one JSON object on stdout; progress and logs
+go to stderr.  Bad input prints one line ``specjax: error: ...`` and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def _log(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+def _emit(obj: Any, as_json: bool, human) -> None:
+  if as_json:
+    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+  else:
+    human(obj)
+
+
+def _json_default(o):
+  import numpy as np
+  if isinstance(o, (np.integer,)):
+    return int(o)
+  if isinstance(o, (np.floating,)):
+    return float(o)
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  return str(o)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--model", default="smollm2-135m",
+                 help="registry name, a .gguf file, or a Hugging Face safetensors directory")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--max-len", type=int, default=None,
+                 help="KV cache positions per sequence (default 2048)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="specjax", description=__doc__.splitlines()[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  g = sub.add_parser("generate", help="generate replies (chat template applied) to prompts")
+  _add_model(g)
+  src = g.add_mutually_exclusive_group(required=True)
+  src.add_argument("--prompt", help="one user message")
+  src.add_argument("--prompts", help="a Spec-Bench .jsonl file (first turn) or a text file, one per line; "
+                                     "'specjax-prompts' for the built-in set")
+  g.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
+  g.add_argument("--limit", type=int, help="use only the first N prompts")
+  g.add_argument("--max-new-tokens", type=int, default=128)
+  g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  g.add_argument("--top-k", type=int, default=0, help="0 = off")
+  g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--batch-size", type=int, default=1)
+  g.add_argument("--json", action="store_true")
+
+  s = sub.add_parser("score", help="per-token log-probabilities and perplexity of a raw text")
+  _add_model(s)
+  s.add_argument("--text", required=True)
+  s.add_argument("--json", action="store_true")
+
+  t = sub.add_parser("tokenize", help="token ids of a raw text")
+  _add_model(t)
+  t.add_argument("--text", required=True)
+  t.add_argument("--json", action="store_true")
+
+  b = sub.add_parser("bench", help="decode speed next to the machine's memory roofline, in one run")
+  _add_model(b)
+  b.add_argument("--batch-size", type=int, default=1)
+  b.add_argument("--max-new-tokens", type=int, default=128)
+  b.add_argument("--prompts", default="specjax-prompts")
+  b.add_argument("--category", action="append")
+  b.add_argument("--json", action="store_true")
+
+  r = sub.add_parser("run", help="run an experiment bound in a gin file")
+  r.add_argument("config", nargs="+", help="one or more .gin files")
+  r.add_argument("--gin-binding", action="append", default=[], help="e.g. 'quickstart.max_new_tokens = 32'")
+  r.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
+  r.add_argument("--json", action="store_true")
+
+  m = sub.add_parser("models", help="list known models and whether each is cached")
+  m.add_argument("--json", action="store_true")
+  return parser
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Commands
+
+
+def _load(args):
+  from specjax import api
+  _log(f"[specjax] loading {args.model} ({args.dtype})")
+  return api.load(args.model, dtype=args.dtype)
+
+
+def _max_len(args) -> int:
+  from specjax.api import DEFAULT_MAX_LEN
+  return args.max_len or DEFAULT_MAX_LEN
+
+
+def cmd_generate(args) -> int:
+  from specjax import api
+  from specjax.prompts import Prompt, load_prompts
+  prompts = ([Prompt(0, "", args.prompt)] if args.prompt is not None
+             else load_prompts(args.prompts, args.category, args.limit))
+  m = _load(args)
+  outputs, stats = api.generate(m, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                batch_size=args.batch_size, max_len=_max_len(args), progress=True)
+  result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
+                        for o in outputs], "stats": stats}
+
+  def human(res):
+    for o in outputs:
+      print(f"--- [{o.question_id}] {o.prompt[:80]!r}\n{o.text}\n")
+    _log(f"[specjax] {stats['new_tokens']} tokens in {stats['decode_s']:.2f}s "
+         f"({stats['tokens_per_s']:.1f} tok/s; compile {stats['compile_s']:.1f}s)")
+  _emit(result, args.json, human)
+  return 0
+
+
+def cmd_score(args) -> int:
+  from specjax import api
+  m = _load(args)
+  r = api.score(m, args.text)
+  obj = {"tokens": r.tokens, "token_ids": r.token_ids, "logprobs": r.logprobs, "perplexity": r.perplexity}
+
+  def human(o):
+    for tok, lp in zip(r.tokens[1:], r.logprobs):
+      print(f"{lp:9.3f}  {tok!r}")
+    print(f"perplexity {r.perplexity:.3f} over {len(r.logprobs)} predicted tokens")
+  _emit(obj, args.json, human)
+  return 0
+
+
+def cmd_tokenize(args) -> int:
+  from specjax import api
+  m = _load(args)
+  ids = api.tokenize(m, args.text)
+  _emit({"ids": ids}, args.json, lambda o: print(" ".join(map(str, ids))))
+  return 0
+
+
+def cmd_bench(args) -> int:
+  from specjax import bench
+  from specjax.prompts import load_prompts
+  prompts = load_prompts(args.prompts, args.category)
+  m = _load(args)
+  res = bench.bench_autoregressive(m, prompts, batch_size=args.batch_size,
+                                   max_new_tokens=args.max_new_tokens, max_len=_max_len(args), log=_log)
+
+  def human(r):
+    from specjax.report import print_table
+    print_table([{k: v for k, v in r.items() if not isinstance(v, dict)}], title="specjax bench")
+  _emit(res, args.json, human)
+  return 0
+
+
+def cmd_run(args) -> int:
+  from specjax import runner
+  result, out_dir = runner.run_from_files(args.config, args.gin_binding, args.out, log=_log)
+  if args.json:
+    _emit(result, True, None)
+  else:
+    from specjax.report import print_table
+    print_table(result["rows"], title=result.get("title", "results"))
+    _log(f"[specjax] results in {out_dir}")
+  return 0
+
+
+def cmd_models(args) -> int:
+  from specjax.checkpoints import list_models
+  rows = list_models()
+
+  def human(rs):
+    from specjax.report import print_table
+    print_table(rs, title="models")
+  _emit({"models": rows}, args.json, lambda o: human(rows))
+  return 0
+
+
+COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
+            "run": cmd_run, "models": cmd_models}
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  from specjax.errors import SpecjaxError
+  try:
+    return COMMANDS[args.command](args)
+  except SpecjaxError as e:
+    print(f"specjax: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("specjax: interrupted", file=sys.stderr)
+    return 130
+  except (OSError, MemoryError) as e:
+    print(f"specjax: error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 2
+  except Exception as e:  # noqa: BLE001 -- keep the one-line contract; SPECJAX_DEBUG=1 shows the traceback
+    if os.environ.get("SPECJAX_DEBUG"):
+      raise
+    print(f"specjax: error: unexpected {type(e).__name__}: {e} (set SPECJAX_DEBUG=1 for a traceback)",
+          file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

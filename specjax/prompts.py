@@ -1,0 +1,60 @@
+"""Prompt files: Spec-Bench JSON Lines (``{"question_id", "category", "turns"}``) or plain text lines."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+
+from specjax.errors import SpecjaxError
+
+DEFAULT_PROMPTS = "specjax-prompts"   # the project's own set, shipped in specjax/data/prompts.jsonl
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  question_id: int | str
+  category: str
+  text: str           # the first turn: the user message
+
+
+def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...] | list[str] | None = None,
+                 limit: int | None = None) -> list[Prompt]:
+  """Read prompts from a Spec-Bench JSONL file (first turn as the user message) or a plain-text file.
+
+  ``path`` may be ``"specjax-prompts"`` for the project's own set.  ``categories`` keeps only those
+  categories (Spec-Bench groups MT-bench's eight categories as ``mt_bench``: pass ``"mt_bench"`` for them).
+  """
+  if str(path) == DEFAULT_PROMPTS:
+    text = resources.files("specjax").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
+    where = "specjax/data/prompts.jsonl"
+  else:
+    p = Path(path)
+    if not p.is_file():
+      raise SpecjaxError(f"prompt file not found: {p} (give a Spec-Bench .jsonl or a text file, one prompt "
+                         "per line)")
+    text, where = p.read_text(encoding="utf-8"), str(p)
+  prompts: list[Prompt] = []
+  for n, line in enumerate(text.splitlines(), 1):
+    line = line.strip()
+    if not line:
+      continue
+    if line.startswith("{"):
+      try:
+        obj = json.loads(line)
+        turns = obj["turns"]
+        prompts.append(Prompt(obj.get("question_id", n), str(obj.get("category", "")), str(turns[0])))
+      except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        raise SpecjaxError(f"{where}:{n}: not a Spec-Bench record with a non-empty 'turns' list ({e})") from e
+    else:
+      prompts.append(Prompt(n, "", line))
+  if categories:
+    wanted = set(categories)
+    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+    prompts = [p for p in prompts if p.category in wanted or ("mt_bench" in wanted and p.category in mt)]
+  if limit is not None:
+    prompts = prompts[:limit]
+  if not prompts:
+    raise SpecjaxError(f"no prompts selected from {where}" + (f" for categories {list(categories)}"
+                                                                if categories else ""))
+  return prompts

@@ -1,0 +1,110 @@
+"""``specjax run CONFIG.gin``: bind an experiment with gin, run it, and write a run directory.
+
+gin is confined to this entry point: experiments (in the top-level ``experiments`` package) are plain
+functions; here they are registered as gin configurables under their short names.
+
+A run directory holds config.gin (the resolved config), results.json, results.csv and PNG plots.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import gin
+
+from specjax.errors import ConfigError
+
+_CONFIGURABLE_RUN: Callable | None = None
+
+
+def experiment_registry() -> dict[str, Callable]:
+  from experiments import EXPERIMENTS
+  return EXPERIMENTS
+
+
+def _register() -> None:
+  global _CONFIGURABLE_RUN
+  if _CONFIGURABLE_RUN is not None:
+    return
+  for name, fn in experiment_registry().items():
+    gin.external_configurable(fn, name=name)
+  _CONFIGURABLE_RUN = gin.external_configurable(run_settings, name="run")
+
+
+def run_settings(experiment: Callable = gin.REQUIRED, name: str | None = None):
+  """What a config binds at the top: ``run.experiment = @quickstart`` and an optional run name."""
+  return experiment, name
+
+
+def parse(config_files: list[str], bindings: list[str]) -> None:
+  _register()
+  gin.clear_config()
+  for f in config_files:
+    if not Path(f).is_file():
+      raise ConfigError(f"config file not found: {f}")
+  try:
+    gin.parse_config_files_and_bindings(config_files, bindings, finalize_config=True)
+  except Exception as e:  # gin raises ValueError/KeyError/SyntaxError variants for unknown bindings
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"invalid gin config: {first} — check the binding names "
+                      f"(experiments: {', '.join(sorted(experiment_registry()))})") from e
+
+
+def run_from_files(config_files: list[str], bindings: list[str], out: str | None, log=print):
+  parse(config_files, bindings)
+  try:
+    experiment, name = _CONFIGURABLE_RUN()
+  except Exception as e:
+    raise ConfigError(f"invalid gin config: {e} (bind run.experiment = @<experiment>)") from e
+  name = name or Path(config_files[0]).stem
+  out_dir = Path(out) if out else Path("runs") / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
+  result = experiment(log=log)
+  result = {"experiment": name, "wall_s": time.perf_counter() - t0, **result}
+  write_run(out_dir, result, gin.config_str())
+  result["run_dir"] = str(out_dir)
+  return result, out_dir
+
+
+def write_run(out_dir: Path, result: dict, config_str: str) -> None:
+  from specjax.report import write_csv
+  (out_dir / "config.gin").write_text(config_str, encoding="utf-8")
+  (out_dir / "results.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+  write_csv(result.get("rows", []), out_dir / "results.csv")
+  for plot in result.get("plots", []):
+    make_plot(result["rows"], plot, out_dir)
+
+
+def make_plot(rows: list[dict], spec: dict, out_dir: Path) -> None:
+  """A declarative plot: {"file", "x", "y", "group" (optional), "kind": "bar" | "line", "title"}."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  x, y, group = spec["x"], spec["y"], spec.get("group")
+  rows = [r for r in rows if r.get(y) is not None and r.get(x) is not None]
+  fig, ax = plt.subplots(figsize=(7, 4))
+  groups = sorted({r.get(group) for r in rows}, key=str) if group else [None]
+  for gi, g in enumerate(groups):
+    sel = [r for r in rows if group is None or r.get(group) == g]
+    xs, ys = [r[x] for r in sel], [r[y] for r in sel]
+    if spec.get("kind", "line") == "bar":
+      width = 0.8 / len(groups)
+      pos = [i + gi * width for i in range(len(xs))]
+      ax.bar(pos, ys, width=width, label=str(g) if group else None)
+      ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs], rotation=30,
+                    ha="right")
+    else:
+      ax.plot(xs, ys, marker="o", label=str(g) if group else None)
+  ax.set_xlabel(spec.get("xlabel", x))
+  ax.set_ylabel(spec.get("ylabel", y))
+  ax.set_title(spec.get("title", f"{y} vs {x}"))
+  if group:
+    ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_dir / spec["file"], dpi=120)
+  plt.close(fig)
