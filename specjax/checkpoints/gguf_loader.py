@@ -71,6 +71,12 @@ def unpermute_qk_llamacpp(w_NxI: np.ndarray, n_heads: int) -> np.ndarray:
 # Reading the file
 
 
+def _describe(e: Exception) -> str:
+  """An exception as one short line (library messages can span lines)."""
+  text = " ".join(str(e).split())
+  return f"{type(e).__name__}: {text[:200]}"
+
+
 def _open_reader(path: Path):
   """A ``gguf.GGUFReader`` for ``path``; any failure becomes a one-line CheckpointError."""
   import gguf  # imported lazily: the library is only needed for GGUF files
@@ -84,7 +90,7 @@ def _open_reader(path: Path):
   try:
     return gguf.GGUFReader(path)
   except Exception as e:  # the reader raises ValueError/IndexError/KeyError/... on damaged files
-    raise CheckpointError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+    raise CheckpointError(f"{path}: corrupt or truncated GGUF file ({_describe(e)})") from e
 
 
 def _field_value(field) -> Any:
@@ -119,7 +125,7 @@ def _dequantize(path: Path, tensor) -> np.ndarray:
     raise CheckpointError(f"{path}: tensor '{tensor.name}' uses quantization {tensor.tensor_type.name}, "
                           f"which the installed gguf package cannot dequantize ({e})") from e
   except Exception as e:
-    raise CheckpointError(f"{path}: tensor '{tensor.name}' is damaged ({type(e).__name__}: {e})") from e
+    raise CheckpointError(f"{path}: tensor '{tensor.name}' is damaged ({_describe(e)})") from e
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -140,15 +146,46 @@ def _get(meta: Mapping[str, Any], key: str, path: Path, default: Any = None, req
   return default
 
 
+def _round_sig(x: float, digits: int = 7) -> float:
+  return float(f"{float(x):.{digits}g}")
+
+
+def _llama3_band_edges(f_R: np.ndarray, x_R: np.ndarray, factor: float) -> tuple[float, float] | None:
+  """Band edges (x_low, x_high) in 1/wavelength reproducing the factors ``f`` under the Llama-3 rule.
+
+  Frequencies with x < x_low are divided by ``factor``, those with x > x_high are kept, and between them
+  the inverse divisor blends linearly in x: s = (x - x_low) / (x_high - x_low).
+  """
+  middle = (f_R > 1.0 + 1e-6) & (f_R < factor * (1 - 1e-6))
+  ones, full = f_R <= 1.0 + 1e-6, f_R >= factor * (1 - 1e-6)
+  x_one = float(x_R[ones].min()) if ones.any() else 2.0 * float(x_R.max())   # smallest unscaled x
+  x_full = float(x_R[full].max()) if full.any() else 0.0                     # largest fully scaled x
+  smooth = (1.0 / f_R[middle] - 1.0 / factor) / (1.0 - 1.0 / factor)
+  if middle.sum() >= 2:          # a line through the blend: slope 1/(x_high - x_low)
+    slope, intercept = np.polyfit(x_R[middle], smooth, 1)
+    if slope <= 0:
+      return None
+    return -intercept / slope, -intercept / slope + 1.0 / slope
+  if middle.sum() == 1:          # one blended frequency: any narrow band around it that gives its s
+    x_m, s_m = float(x_R[middle][0]), float(smooth[0])
+    if not 0.0 < s_m < 1.0:
+      return None
+    delta = 0.5 * min(x_m - x_full, (x_one - x_m) * s_m / (1.0 - s_m))
+    return x_m - delta, x_m + delta * (1.0 - s_m) / s_m
+  gap = x_one - x_full           # no blended frequency: any band between the two groups
+  return x_full + gap / 3.0, x_full + 2.0 * gap / 3.0
+
+
 def rope_scaling_from_freq_factors(factors_R: np.ndarray, head_dim: int, rope_theta: float,
                                    original_context: int | None = None) -> RopeScaling | None:
   """Recover Llama-3 RoPE scaling from llama.cpp's precomputed ``rope_freqs.weight``.
 
-  llama.cpp stores one divisor per frequency (1 for high frequencies, ``factor`` for low ones, a smooth
-  blend between).  The blend is linear in 1/wavelength, so its slope and intercept fix
-  low/high_freq_factor up to a common scale with the original context length (the resulting frequencies
-  do not depend on that scale).  Returns None when every factor is 1; raises CheckpointError when the
-  factors do not follow the Llama-3 rule.
+  llama.cpp stores one divisor per frequency: 1 for high frequencies, ``factor`` for low ones, and a blend
+  between whose inverse is linear in 1/wavelength.  The band edges fix low/high_freq_factor only up to a
+  common scale with the original context length (which the frequencies do not depend on), so
+  ``original_context`` (GGUF ``rope.scaling.original_context_length``, default 8192) picks that scale.
+  Every candidate is checked by recomputing the frequencies.  Returns None when all factors are 1; raises
+  CheckpointError when the factors do not follow the Llama-3 rule.
   """
   f = np.asarray(factors_R, dtype=np.float64)
   if f.shape != (head_dim // 2,):
@@ -159,17 +196,13 @@ def rope_scaling_from_freq_factors(factors_R: np.ndarray, head_dim: int, rope_th
   orig = int(original_context or 8192)
   inv = 1.0 / (rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
   target = (inv / f).astype(np.float32)
-  candidates = []
-  middle = (f > 1.0 + 1e-6) & (f < factor - 1e-6)
-  if middle.sum() >= 2:
-    smooth = (1.0 / f[middle] - 1.0 / factor) / (1.0 - 1.0 / factor)
-    slope, intercept = np.polyfit(inv[middle] / (2 * np.pi), smooth, 1)
-    if slope > 0:
-      low = -intercept * orig / slope
-      candidates.append(RopeScaling(factor=factor, low_freq_factor=float(low),
-                                    high_freq_factor=float(low + orig / slope),
+  candidates = [RopeScaling(factor=_round_sig(factor), original_max_position_embeddings=orig)]
+  edges = _llama3_band_edges(f, inv / (2 * np.pi), factor) if factor > 1.0 else None
+  if edges is not None:
+    low, high = orig * edges[0], orig * edges[1]
+    for rnd in (_round_sig, float):   # prefer 1.0 over 1.0000000130 when both reproduce the factors
+      candidates.append(RopeScaling(factor=rnd(factor), low_freq_factor=rnd(low), high_freq_factor=rnd(high),
                                     original_max_position_embeddings=orig))
-  candidates.append(RopeScaling(factor=factor, original_max_position_embeddings=orig))
   for scaling in candidates:
     probe = ModelConfig(name="probe", vocab_size=1, num_layers=1, d_model=head_dim, num_heads=1,
                         num_kv_heads=1, head_dim=head_dim, ffn_dim=1, rope_theta=rope_theta,
@@ -186,8 +219,11 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, path: Path, tensors: Mappi
   factor = float(_get(meta, f"{arch}.rope.scaling.factor", path, default=1.0) or 1.0)
   orig = _get(meta, f"{arch}.rope.scaling.original_context_length", path)
   if "rope_freqs.weight" in tensors:
-    return rope_scaling_from_freq_factors(_dequantize(path, tensors["rope_freqs.weight"]), head_dim, theta,
-                                          orig)
+    factors = _dequantize(path, tensors["rope_freqs.weight"])
+    try:
+      return rope_scaling_from_freq_factors(factors, head_dim, theta, orig)
+    except CheckpointError as e:
+      raise CheckpointError(f"{path}: {e}") from None
   if kind in ("none", "", None) or factor == 1.0:
     return None
   raise CheckpointError(f"{path}: RoPE scaling type '{kind}' (factor {factor}) is not supported; specjax "
@@ -271,9 +307,12 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, 
   try:
     meta = read_metadata(reader)
   except Exception as e:
-    raise CheckpointError(f"{path}: corrupt GGUF metadata ({type(e).__name__}: {e})") from e
+    raise CheckpointError(f"{path}: corrupt GGUF metadata ({_describe(e)})") from e
   tensors = {t.name: t for t in reader.tensors}
-  tokenizer = Tokenizer.from_gguf_fields(meta)
+  try:
+    tokenizer = Tokenizer.from_gguf_fields(meta)
+  except CheckpointError as e:
+    raise CheckpointError(f"{path}: {e}") from None
   cfg = config_from_metadata(meta, tensors, path, tokenizer)
   arch = meta["general.architecture"]
   embed = _tensor(tensors, "token_embd.weight", path)

@@ -45,9 +45,6 @@ _LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
 _QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-FALLBACK_TEMPLATE_NOTE = ("model has no chat template; using the plain 'User: ...\\nAssistant:' format")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Byte-level BPE from GGUF metadata
 
@@ -103,8 +100,11 @@ def build_gguf_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Se
   vocab = {}
   for i, tok in enumerate(tokens):
     vocab.setdefault(tok, i)   # keep the first id if a string repeats
-  bpe = models.BPE(vocab=vocab, merges=[_split_merge(m) for m in merges], dropout=None,
-                   unk_token=None, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges)
+  try:
+    bpe = models.BPE(vocab=vocab, merges=[_split_merge(m) for m in merges], dropout=None,
+                     unk_token=None, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges)
+  except Exception as e:  # tokenizers raises a bare Exception, e.g. for a merge of unknown tokens
+    raise CheckpointError(f"GGUF tokenizer vocabulary/merges are inconsistent ({e})") from e
   tok = tokenizers.Tokenizer(bpe)
   tok.pre_tokenizer = make_pre()
   tok.decoder = decoders.ByteLevel()

