@@ -1,0 +1,107 @@
+"""The CLI contract: one JSON object on stdout with --json; bad input is one line on stderr, exit != 0."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+  return str(write_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
+
+
+def specjax(*args, cache=None):
+  env = dict(os.environ)
+  if cache is not None:
+    env["SPECJAX_CACHE"] = str(cache)
+  return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
+                        cwd=ROOT, env=env, timeout=600)
+
+
+def assert_clean_error(proc, *needles):
+  assert proc.returncode != 0
+  err = proc.stderr.strip().splitlines()
+  assert "Traceback" not in proc.stderr, proc.stderr
+  assert err and err[-1].startswith("specjax: error:"), proc.stderr
+  for n in needles:
+    assert n.lower() in err[-1].lower(), err[-1]
+
+
+def test_unknown_model_name(tmp_path):
+  assert_clean_error(specjax("tokenize", "--model", "no-such-model", "--text", "hi", cache=tmp_path),
+                     "no-such-model", "smollm2-135m")
+
+
+def test_missing_model_file(tmp_path):
+  assert_clean_error(specjax("tokenize", "--model", str(tmp_path / "missing.gguf"), "--text", "hi"),
+                     "missing.gguf")
+
+
+def test_corrupt_gguf(tmp_path, tiny_model):
+  bad = tmp_path / "bad.gguf"
+  bad.write_bytes(Path(tiny_model).read_bytes()[:3000])
+  assert_clean_error(specjax("tokenize", "--model", str(bad), "--text", "hi"), "bad.gguf")
+  junk = tmp_path / "junk.gguf"
+  junk.write_bytes(os.urandom(4096))
+  assert_clean_error(specjax("tokenize", "--model", str(junk), "--text", "hi"), "junk.gguf")
+
+
+def test_prompt_longer_than_cache(tiny_model):
+  proc = specjax("generate", "--model", tiny_model, "--prompt", "hello world " * 40, "--max-len", "64",
+                 "--max-new-tokens", "8")
+  assert_clean_error(proc, "does not fit the KV cache", "--max-len")
+
+
+def test_invalid_gin_binding():
+  proc = specjax("run", "configs/quickstart.gin", "--gin-binding", "quickstart.no_such_arg = 3")
+  assert_clean_error(proc, "no_such_arg")
+  proc = specjax("run", "configs/quickstart.gin", "--gin-binding", "nosuch.thing = 1")
+  assert_clean_error(proc, "nosuch")
+  assert_clean_error(specjax("run", "configs/missing.gin"), "missing.gin")
+
+
+def test_missing_prompt_file(tiny_model):
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompts", "nope.jsonl"), "nope.jsonl")
+
+
+def test_generate_tokenize_json(tiny_model, tmp_path):
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text('{"question_id": 7, "category": "qa", "turns": ["hello world", "ignored"]}\n'
+                     '{"question_id": 8, "category": "qa", "turns": ["the world"]}\n')
+  proc = specjax("generate", "--model", tiny_model, "--prompts", str(prompts), "--max-new-tokens", "5",
+                 "--batch-size", "2", "--json")
+  assert proc.returncode == 0, proc.stderr
+  obj = json.loads(proc.stdout)
+  assert [o["question_id"] for o in obj["outputs"]] == [7, 8]
+  assert all(1 <= len(o["token_ids"]) <= 5 for o in obj["outputs"])
+  assert obj["stats"]["new_tokens"] == sum(len(o["token_ids"]) for o in obj["outputs"])
+  proc = specjax("tokenize", "--model", tiny_model, "--text", "hello world", "--json")
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(proc.stdout)["ids"]
+
+
+def test_run_writes_a_run_directory(tiny_model, tmp_path):
+  out = tmp_path / "run"
+  proc = specjax("run", "configs/quickstart.gin", "--gin-binding", f"quickstart.model = '{tiny_model}'",
+                 "--gin-binding", "quickstart.per_category = 1", "--gin-binding",
+                 "quickstart.max_new_tokens = 3", "--out", str(out), "--json")
+  assert proc.returncode == 0, proc.stderr
+  obj = json.loads(proc.stdout)
+  assert obj["rows"] and obj["run_dir"] == str(out)
+  for f in ("config.gin", "results.json", "results.csv", "new_tokens_by_category.png"):
+    assert (out / f).is_file(), f
+  assert "quickstart.max_new_tokens = 3" in (out / "config.gin").read_text()
+
+
+def test_models_lists_default(tmp_path):
+  proc = specjax("models", "--json", cache=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  models = json.loads(proc.stdout)["models"]
+  assert any(m["name"] == "smollm2-135m" and m["cached"] is False for m in models)
