@@ -1,0 +1,170 @@
+"""The speculative engine: greedy exactness for every drafter and k, losslessness tested statistically."""
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import config, kv_cache, model, sampling
+from specjax.speculative import (Engine, ModelDrafter, NgramDrafter, NoDrafter, SpeculativeSampling,
+                                 generate, layer_subset)
+from specjax.speculative.acceptance import Acceptance, _stats
+
+CFG = config.TINY.replace(num_layers=3)
+DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
+BUCKETS = (16, 32, 64)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return model.unstack_layers(model.init_params(CFG, jax.random.PRNGKey(0)))
+
+
+def _drafters(target):
+  return {
+      "ngram": (NgramDrafter(3), ()),
+      "model": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS),
+                model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))),
+      "layerskip": (ModelDrafter(CFG.replace(num_layers=2), buckets=BUCKETS), layer_subset(target, (0, 2))),
+      "self": (ModelDrafter(CFG, buckets=BUCKETS), target),   # every draft accepted: the bonus-token path
+  }
+
+
+def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.SamplingParams(), eos=(),
+         seed=0, k_active=None):
+  B = prompts.shape[0]
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=K, sp=sp, eos_ids=eos, buckets=BUCKETS)
+  cache = kv_cache.init_cache(CFG, B, 64)
+  k_act = jnp.full((B,), K if k_active is None else k_active, jnp.int32)
+  st = generate(target, dparams, cache, jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(max_new),
+                k_act, jax.random.PRNGKey(seed), engine=eng)
+  seq = np.asarray(st.seq_BxS)
+  return [seq[i, lens[i]:lens[i] + int(st.num_new_B[i])].tolist() for i in range(B)], st
+
+
+PROMPTS = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10], [3, 0, 0, 0, 0, 0, 0, 0]],
+                   np.int32)
+LENS = np.array([6, 8, 1])
+
+
+@pytest.mark.parametrize("name", ["ngram", "model", "layerskip", "self"])
+def test_greedy_output_equals_plain_greedy(target, name):
+  drafter, dparams = _drafters(target)[name]
+  max_new = np.array([20, 13, 17], np.int32)
+  base, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new)
+  eos = (base[1][6],)   # stop sequence 1 early, mid-iteration
+  base_eos, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new, eos=eos)
+  for K in (1, 2, 4, 8):
+    out, st = _run(target, drafter, dparams, K, PROMPTS, LENS, max_new)
+    assert out == base, (name, K)
+    if K == 4:
+      out, _ = _run(target, drafter, dparams, K, PROMPTS, LENS, max_new, eos=eos)
+      assert out == base_eos, (name, K)
+    s = st.stats
+    assert int(s.accepted_B.sum()) <= int(s.drafted_B.sum())
+    assert np.all(np.asarray(s.pos_accepted_K) <= np.asarray(s.pos_reached_K))
+  if name == "self":
+    assert int(s.accepted_B.sum()) == int(s.drafted_B.sum()) > 0
+
+
+def test_k_active_masks_slots(target):
+  drafter, dparams = _drafters(target)["self"]
+  max_new = np.array([16, 16, 16], np.int32)
+  base, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new)
+  out, st = _run(target, drafter, dparams, 8, PROMPTS, LENS, max_new, k_active=2)
+  assert out == base
+  pos = np.asarray(st.stats.pos_reached_K)
+  assert pos[2:].sum() == 0 and pos[:2].sum() > 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Losslessness: the joint distribution of the first three sampled tokens equals plain sampling's.
+
+MICRO = config.ModelConfig(name="micro", vocab_size=12, num_layers=2, d_model=16, num_heads=2, num_kv_heads=1,
+                           head_dim=8, ffn_dim=32, max_position=64)
+MICRO_PROMPT = [1, 2, 3]
+N_SAMPLES = 20_000
+
+
+def _micro_params(seed):
+  p = model.init_params(MICRO, jax.random.PRNGKey(seed))
+  p["embed"] = p["embed"] * 0.3      # softer distributions: many tokens have real probability
+  return p
+
+
+def _exact_joint(params, sp):
+  """p(t1, t2, t3) of plain sampling, by enumerating every prefix (V^2 forwards, one batch)."""
+  V = MICRO.vocab_size
+  pairs = np.array(list(itertools.product(range(V), repeat=2)), np.int32)           # [V^2, 2]
+  toks = np.concatenate([np.tile(MICRO_PROMPT, (len(pairs), 1)), pairs], axis=1)     # [V^2, 5]
+  cache = kv_cache.init_cache(MICRO, len(toks), 8)
+  logits = model.forward(params, MICRO, jnp.asarray(toks), jnp.broadcast_to(jnp.arange(5), toks.shape),
+                         cache).logits
+  probs = lambda lg: np.asarray(sampling.probs(lg, sp), np.float64)
+  p1 = probs(logits[0, 2][None])[0]                                                  # [V]
+  p2 = probs(logits[:, 3]).reshape(V, V, V)[:, 0, :]                                 # p(t2 | t1)
+  p3 = probs(logits[:, 4]).reshape(V, V, V)                                          # p(t3 | t1, t2)
+  return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def _spec_samples(target, draft, sp, K=2, acceptance=None, drafter=None):
+  drafter = drafter or ModelDrafter(MICRO)
+  eng = Engine(cfg=MICRO, drafter=drafter, k_max=K, sp=sp, acceptance=acceptance)
+  B = N_SAMPLES
+  cache = kv_cache.init_cache(MICRO, B, 16)
+  prompt = jnp.tile(jnp.asarray(MICRO_PROMPT, jnp.int32), (B, 1))
+  st = generate(target, draft, cache, prompt, jnp.full((B,), 3), jnp.full((B,), 3), jnp.full((B,), K),
+                jax.random.PRNGKey(1234), engine=eng)
+  return np.asarray(st.seq_BxS)[:, 3:6]
+
+
+def _chi2_pvalue(samples_Nx3, joint):
+  V = MICRO.vocab_size
+  idx = samples_Nx3[:, 0] * V * V + samples_Nx3[:, 1] * V + samples_Nx3[:, 2]
+  observed = np.bincount(idx, minlength=V ** 3).astype(float)
+  expected = joint.reshape(-1) * len(samples_Nx3)
+  if observed[expected == 0].sum() > 0:
+    return 0.0                        # a token that plain sampling can never produce
+  big = expected >= 5                # pool the rare cells so the chi-square approximation holds
+  obs, exp = observed[big], expected[big]
+  if expected[~big].sum() > 0:
+    obs, exp = np.append(obs, observed[~big].sum()), np.append(exp, expected[~big].sum())
+  exp *= obs.sum() / exp.sum()       # float rounding in the enumerated probabilities
+  return stats.chisquare(obs, exp).pvalue
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptAlways:
+  """A deliberately wrong rule: keep every draft, bonus from p."""
+
+  def __call__(self, target_logits, draft_BxK, draft_probs, k_active_B, key, sp):
+    K = draft_BxK.shape[1]
+    n = k_active_B
+    p = jax.nn.softmax(sampling.filtered_logits(
+        jnp.take_along_axis(target_logits, n[:, None, None], axis=1)[:, 0], sp), axis=-1)
+    nxt = jax.random.categorical(key, jnp.log(p + 1e-30)).astype(jnp.int32)
+    return Acceptance(n, nxt, *_stats(n, k_active_B, K))
+
+
+@pytest.mark.parametrize("sp", [sampling.SamplingParams(temperature=1.0),
+                                sampling.SamplingParams(temperature=0.8, top_k=8, top_p=0.8)],
+                         ids=["t1", "t0.8_topk8_topp0.8"])
+def test_speculative_sampling_is_lossless(sp):
+  target, draft = _micro_params(0), _micro_params(7)
+  joint = _exact_joint(target, sp)
+  p_model = _chi2_pvalue(_spec_samples(target, draft, sp), joint)
+  p_ngram = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2)), joint)
+  p_broken = _chi2_pvalue(_spec_samples(target, draft, sp, acceptance=AcceptAlways()), joint)
+  assert p_model > 1e-3, p_model
+  assert p_ngram > 1e-3, p_ngram
+  assert p_broken < 1e-6, p_broken        # the test has power: a wrong rule is caught
+
+
+def test_plain_sampling_matches_exact_joint():
+  """The k = 0 path (plain sampling through the same step) against the enumerated distribution."""
+  sp = sampling.SamplingParams(temperature=1.0)
+  target = _micro_params(0)
+  assert _chi2_pvalue(_spec_samples(target, (), sp, K=0, drafter=NoDrafter()), _exact_joint(target, sp)) > 1e-3
