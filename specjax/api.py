@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import decode, model as model_lib, sampling
+from specjax import speculative as spec
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
@@ -114,31 +115,110 @@ def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, bucket: int
   return arr, np.array([len(r) for r in rows], np.int32)
 
 
-def compiled_generate(m: Model, batch_size: int, prompt_pad: int, max_len: int,
-                      sp: sampling.SamplingParams, eos_ids: tuple[int, ...]):
-  """The AOT-compiled decode loop for these shapes (compiled once per shape; returns (fn, compile_s))."""
+DRAFTERS = ("none", "ngram", "layerskip", "model")
+
+
+def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
+  """``--draft-layers``: an int L (the first L layers) or a list / comma string of layer indices."""
+  if spec is None:
+    spec = max(1, num_layers // 2)
+  if isinstance(spec, str):
+    spec = [int(x) for x in spec.split(",") if x.strip()] if "," in spec else int(spec)
+  layers = tuple(range(spec)) if isinstance(spec, int) else tuple(int(i) for i in spec)
+  if not layers or any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
+    raise SpecjaxError(f"--draft-layers {spec!r}: give a count 1..{num_layers} or distinct layer indices in "
+                       f"[0, {num_layers})")
+  return layers
+
+
+def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
+                  draft: Model | None = None, max_len: int = DEFAULT_MAX_LEN):
+  """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError."""
   buckets = decode.kv_buckets(max_len)
-  key = ("generate", batch_size, prompt_pad, max_len, sp, eos_ids, buckets)
+  if drafter not in DRAFTERS:
+    raise SpecjaxError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
+  if drafter == "none":
+    return spec.NoDrafter(), (), 0
+  if k < 1:
+    raise SpecjaxError(f"--k must be >= 1 for drafter '{drafter}', got {k}")
+  if k + 2 > max_len:
+    raise SpecjaxError(f"--k {k} needs {k + 1} speculative slots per step, more than the KV cache of "
+                       f"{max_len} positions allows: lower --k or raise --max-len")
+  if drafter == "ngram":
+    if ngram < 1:
+      raise SpecjaxError(f"--ngram must be >= 1, got {ngram}")
+    return spec.NgramDrafter(max_ngram=ngram), (), k
+  if drafter == "layerskip":
+    layers = parse_layers(draft_layers, m.cfg.num_layers)
+    cfg = m.cfg.replace(name=f"{m.cfg.name}-layers{'_'.join(map(str, layers))}", num_layers=len(layers))
+    return (spec.ModelDrafter(cfg, name="layerskip", buckets=buckets),
+            spec.layer_subset(m.exec_params, layers), k)
+  if draft is None:
+    raise SpecjaxError("drafter 'model' needs a draft model: pass --draft MODEL")
+  check_same_vocabulary(m, draft)
+  return spec.ModelDrafter(draft.cfg, name="model", buckets=buckets), draft.exec_params, k
+
+
+def check_same_vocabulary(target: Model, draft: Model) -> None:
+  tv, dv = target.tokenizer.vocab_size, draft.tokenizer.vocab_size
+  if target.cfg.vocab_size != draft.cfg.vocab_size or tv != dv:
+    raise SpecjaxError(f"draft model '{draft.source}' has a vocabulary of {draft.cfg.vocab_size} tokens but the "
+                       f"target '{target.source}' has {target.cfg.vocab_size}: a draft must share the "
+                       "target's tokenizer")
+  sample = ["Hello world", " the", "<|im_end|>", "123 + 456 = 579", "naïve café"]
+  if any(target.tokenizer.encode(t) != draft.tokenizer.encode(t) for t in sample):
+    raise SpecjaxError(f"draft model '{draft.source}' tokenizes text differently from the target "
+                       f"'{target.source}': a draft must share the target's tokenizer")
+
+
+def compiled_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad: int, max_len: int,
+                      draft_params=()):
+  """The AOT-compiled decode loop for these shapes (compiled once per shape; returns (fn, compile_s))."""
+  key = ("generate", engine, batch_size, prompt_pad, max_len)
   if key in m._compiled:
     return m._compiled[key], 0.0
   t0 = time.perf_counter()
   cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, jnp.float32))
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-  fn = decode.generate.lower(m.exec_params, cache, i32(batch_size, prompt_pad), i32(batch_size),
-                             i32(batch_size), jax.random.PRNGKey(0), cfg=m.cfg, sp=sp, eos_ids=eos_ids,
-                             buckets=buckets).compile()
+  fn = spec.generate.lower(m.exec_params, draft_params, cache, i32(batch_size, prompt_pad), i32(batch_size),
+                           i32(batch_size), i32(batch_size), jax.random.PRNGKey(0), engine=engine).compile()
   m._compiled[key] = fn
   return fn, time.perf_counter() - t0
+
+
+def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
+                max_len: int) -> spec.Engine:
+  fwd = k_max if isinstance(drafter, spec.ModelDrafter) else 0
+  return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
+                     buckets=decode.kv_buckets(max_len), draft_forwards_per_step=fwd)
+
+
+def spec_metrics(stats: spec.SpecStats) -> dict:
+  """τ, α and per-position acceptance from the loop's counters (numpy in, floats out)."""
+  g = lambda x: np.asarray(x)
+  committed, steps = g(stats.committed_B).sum(), g(stats.verify_steps_B).sum()
+  drafted, accepted = g(stats.drafted_B).sum(), g(stats.accepted_B).sum()
+  reached, pos_acc = g(stats.pos_reached_K), g(stats.pos_accepted_K)
+  return {"mean_accepted_length": float(committed / steps) if steps else 1.0,
+          "acceptance_rate": float(accepted / drafted) if drafted else 0.0,
+          "acceptance_by_position": [float(a / r) if r else 0.0 for a, r in zip(pos_acc, reached)],
+          "drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
+          "target_forwards": int(g(stats.target_forwards)), "draft_forwards": int(g(stats.draft_forwards)),
+          "iterations": int(g(stats.iterations))}
 
 
 def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              batch_size: int = 1, chat: bool = True, max_len: int = DEFAULT_MAX_LEN,
-             ignore_eos: bool = False, progress: bool = False) -> tuple[list[Generation], dict]:
-  """Generate a reply for every prompt (batched, each batch one on-device loop).
+             ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
+             ngram: int = 3, draft_layers=None, draft: Model | None = None) -> tuple[list[Generation], dict]:
+  """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
+  ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
+  (the target's own ``draft_layers``: a count of first layers or a list of indices) or ``model`` (``draft``:
+  a small model with the same tokenizer); ``k`` tokens are drafted per step.
   Returns the generations and stats: new tokens, wall time of the decode loops (compilation excluded and
-  reported separately as ``compile_s``), tokens/s, target forwards.
+  reported separately as ``compile_s``), tokens/s, τ, α, per-position acceptance, forward counts.
   """
   if max_new_tokens < 1:
     raise SpecjaxError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -150,26 +230,31 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
+  drafter_obj, draft_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers,
+                                                   draft=draft, max_len=max_len)
   encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
+  engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len)
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
-           "decode_s": 0.0, "compile_s": 0.0, "target_forwards": 0, "batch_size": batch_size}
+           "decode_s": 0.0, "compile_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max}
+  totals = None
   for start in range(0, len(encoded), batch_size):
     chunk = encoded[start:start + batch_size]
     arr, lens = pad_batch(chunk, batch_size)
     max_new = np.where(np.arange(batch_size) < len(chunk), max_new_tokens, 0).astype(np.int32)
-    fn, compile_s = compiled_generate(m, batch_size, arr.shape[1], max_len, sp, eos_ids)
+    fn, compile_s = compiled_generate(m, engine, batch_size, arr.shape[1], max_len, draft_params)
     stats["compile_s"] += compile_s
     key, sub = jax.random.split(key)
     cache = init_cache(m.cfg, batch_size, max_len, jnp.float32)
     t0 = time.perf_counter()
-    res = fn(m.exec_params, cache, jnp.asarray(arr), jnp.asarray(lens), jnp.asarray(max_new), sub)
+    res = fn(m.exec_params, draft_params, cache, jnp.asarray(arr), jnp.asarray(lens), jnp.asarray(max_new),
+             jnp.full((batch_size,), k_max, jnp.int32), sub)
     seq = np.asarray(res.seq_BxS)
     stats["decode_s"] += time.perf_counter() - t0
-    stats["target_forwards"] += int(res.steps) + 1
+    totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
     num_new = np.asarray(res.num_new_B)
     for i, toks in enumerate(chunk):
       ids = seq[i, len(toks):len(toks) + num_new[i]].tolist()
@@ -182,6 +267,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     if progress:
       print(f"[generate] {min(start + batch_size, len(encoded))}/{len(encoded)} prompts", file=sys.stderr)
   stats["tokens_per_s"] = stats["new_tokens"] / stats["decode_s"] if stats["decode_s"] else 0.0
+  stats.update(spec_metrics(totals))
   return outputs, stats
 
 

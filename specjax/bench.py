@@ -7,15 +7,17 @@ implementation can beat on this machine; ``roofline_fraction`` is how close a me
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
-from specjax.api import Model, check_fits, compiled_generate, encode_prompts, pad_batch
+from specjax import decode, sampling
+from specjax import speculative as spec
+from specjax.api import (Model, build_drafter, check_fits, compiled_generate, encode_prompts, make_engine,
+                         pad_batch, parse_layers, spec_metrics)
 from specjax.kv_cache import init_cache
 from specjax.prompts import Prompt
 
@@ -58,62 +60,138 @@ def kv_bytes_per_token(m: Model) -> int:
   return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4   # k and v, fp32 cache
 
 
-def time_generate(m: Model, arr, lens, max_new: int, max_len: int, sp, repeats: int = 2) -> float:
-  """Best wall time of one compiled decode loop producing ``max_new`` tokens per sequence (EOS ignored)."""
+def _run_once(m: Model, engine, draft_params, arr, lens, max_new: int, max_len: int, k_max: int):
+  """Wall time and final state of one compiled loop run (compiled beforehand)."""
   B = arr.shape[0]
-  fn, _ = compiled_generate(m, B, arr.shape[1], max_len, sp, ())
-  best = float("inf")
+  fn, _ = compiled_generate(m, engine, B, arr.shape[1], max_len, draft_params)
+  cache = init_cache(m.cfg, B, max_len)
+  args = (jnp.asarray(arr), jnp.asarray(lens), jnp.full((B,), max_new, jnp.int32),
+          jnp.full((B,), k_max, jnp.int32), jax.random.PRNGKey(0))
+  jax.block_until_ready(cache)
+  t0 = time.perf_counter()
+  res = fn(m.exec_params, draft_params, cache, *args)
+  jax.block_until_ready(res.seq_BxS)
+  return time.perf_counter() - t0, res
+
+
+def time_decode(m: Model, engine, draft_params, batches, max_new: int, max_len: int, k_max: int,
+                repeats: int = 1, log=print) -> dict:
+  """Decode time over all batches, prefill excluded: each batch runs once with 1 new token (prefill + first
+  token) and once with ``max_new``; the difference is decode time for the tokens after the first."""
+  decode_s, tokens, stats, contexts = 0.0, 0, None, []
+  for bi, (arr, lens, live) in enumerate(batches):
+    t_one = min(_run_once(m, engine, draft_params, arr, lens, 1, max_len, k_max)[0] for _ in range(repeats))
+    runs = [_run_once(m, engine, draft_params, arr, lens, max_new, max_len, k_max) for _ in range(repeats)]
+    t_all, res = min(runs, key=lambda r: r[0])
+    num_new = np.asarray(res.num_new_B)[:live]
+    decode_s += max(t_all - t_one, 1e-9)
+    tokens += int(np.sum(np.maximum(num_new - 1, 0)))
+    contexts += [float(l + n / 2) for l, n in zip(lens[:live], num_new)]
+    stats = res.stats if stats is None else jax.tree_util.tree_map(lambda a, b: a + b, stats, res.stats)
+    if len(batches) > 1:
+      log(f"[bench] {engine.drafter.name} k={k_max}: batch {bi + 1}/{len(batches)}")
+  return {"decode_s": decode_s, "tokens": tokens, "tokens_per_s": tokens / decode_s, "stats": stats,
+          "mean_context": float(np.mean(contexts))}
+
+
+def _median_time(fn, *args, repeats: int = 7) -> float:
+  jax.block_until_ready(fn(*args))
+  times = []
   for _ in range(repeats):
-    cache = init_cache(m.cfg, B, max_len)
-    args = (jnp.asarray(arr), jnp.asarray(lens), jnp.full((B,), max_new, jnp.int32), jax.random.PRNGKey(0))
-    jax.block_until_ready(cache)
     t0 = time.perf_counter()
-    res = fn(m.exec_params, cache, *args)
-    jax.block_until_ready(res.seq_BxS)
-    best = min(best, time.perf_counter() - t0)
-  return best
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
 
 
-def bench_autoregressive(m: Model, prompts: list[Prompt], batch_size: int = 1, max_new_tokens: int = 128,
-                         max_len: int = 2048, temperature: float = 0.0, bandwidth: dict | None = None,
-                         log=print) -> dict:
-  """Autoregressive decode speed at one batch size, next to the measured roofline, in one run.
+def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int) -> tuple[float, float]:
+  """Measured cost of one propose (all k_max draft tokens) and one verify forward (k_max+1 positions),
+  each timed alone at the state right after prefill."""
+  B = arr.shape[0]
+  state = spec.init_jit(engine, m.exec_params, draft_params, init_cache(m.cfg, B, max_len), jnp.asarray(arr),
+                        jnp.asarray(lens), jnp.full((B,), 2, jnp.int32), jax.random.PRNGKey(0))
+  K = engine.k_max
 
-  The per-step time is taken from two runs of the same compiled loop (``max_new_tokens`` and 1 new token:
-  the difference removes prefill), so it is the steady-state decode speed.
-  """
-  sp = sampling.SamplingParams(temperature=temperature)
-  rows = [prompts[i % len(prompts)] for i in range(batch_size)]
-  encoded = encode_prompts(m, rows)
-  check_fits([len(e) for e in encoded], max_new_tokens, max_len)
-  arr, lens = pad_batch(encoded, batch_size)
-  log(f"[bench] batch {batch_size}: compiling and timing {max_new_tokens} new tokens "
-      f"(prompt tokens {lens.tolist() if batch_size <= 4 else int(lens.mean())})")
-  compiled_generate(m, batch_size, arr.shape[1], max_len, sp, ())
-  t_one = time_generate(m, arr, lens, 1, max_len, sp)
-  t_all = time_generate(m, arr, lens, max_new_tokens, max_len, sp)
-  step_s = (t_all - t_one) / (max_new_tokens - 1)
-  ar_tokens_per_s = batch_size / step_s
+  @jax.jit
+  def propose(dp, st):
+    return engine.drafter.propose(dp, st.draft, st.seq_BxS, st.cache.lengths, st.last_B, K,
+                                  jax.random.PRNGKey(1), engine.sp)[1]
+
+  @jax.jit
+  def verify(tp, st):
+    toks = jnp.concatenate([st.last_B[:, None], jnp.zeros((B, K), jnp.int32)], axis=1)
+    pos = st.cache.lengths[:, None] + jnp.arange(K + 1)[None, :]
+    return decode.windowed_forward(tp, engine.cfg, toks, pos, st.cache, buckets=engine.buckets).logits
+
+  t_draft = _median_time(propose, draft_params, state) if K else 0.0
+  t_verify = _median_time(verify, m.exec_params, state)
+  return t_draft, t_verify
+
+
+def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int, max_len: int):
+  encoded = encode_prompts(m, prompts)
+  check_fits([len(e) for e in encoded], max_new, max_len)
+  batches = []
+  for s in range(0, len(encoded), batch_size):
+    chunk = encoded[s:s + batch_size]
+    arr, lens = pad_batch(chunk, batch_size)
+    batches.append((arr, lens, len(chunk)))
+  return batches
+
+
+def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
+          max_len: int = 2048, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
+          draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
+          log=print) -> dict:
+  """Autoregressive decoding — and, with a drafter, speculative decoding on the same prompts — in one run,
+  next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
+  sp = sampling.SamplingParams()
+  if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
+    prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
+  batches = make_batches(m, prompts, batch_size, max_new_tokens, max_len)
+  eos = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
+  ar_engine = make_engine(m, spec.NoDrafter(), 0, sp, eos, max_len)
+  log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}; compiling")
+  for arr, _, _ in batches:
+    compiled_generate(m, ar_engine, batch_size, arr.shape[1], max_len)
+  ar = time_decode(m, ar_engine, (), batches, max_new_tokens, max_len, 0, log=log)
+  ar_step_s = ar["decode_s"] / max(1, int(np.asarray(ar["stats"].iterations)))
   if bandwidth is None:
     log("[bench] measuring read bandwidth")
     bandwidth = measure_read_bandwidth()
   bw = bandwidth["best"] * 1e9
-  weight_bytes = m.weight_bytes
-  mean_context = float(np.mean(lens)) + max_new_tokens / 2
-  kv_bytes = batch_size * mean_context * kv_bytes_per_token(m)
-  roofline = batch_size * bw / (weight_bytes + kv_bytes)
-  return {
+  kv_bytes = batch_size * ar["mean_context"] * kv_bytes_per_token(m)
+  roofline = batch_size * bw / (m.weight_bytes + kv_bytes)
+  result = {
       "model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
-      "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
-      "backend": jax.default_backend(),
-      "prompt_tokens_mean": float(np.mean(lens)),
-      "ar_step_ms": step_s * 1e3,
-      "ar_tokens_per_s": ar_tokens_per_s,
-      "prefill_plus_first_token_s": t_one,
-      "weight_bytes": weight_bytes,
-      "kv_bytes_live_mean": kv_bytes,
+      "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
+      "backend": jax.default_backend(), "ignore_eos": ignore_eos,
+      "ar_tokens_per_s": ar["tokens_per_s"], "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": ar["tokens"],
+      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": kv_bytes,
       "read_bandwidth_gbs": bandwidth["best"],
-      "read_bandwidth_by_kernel_gbs": {k: v for k, v in bandwidth.items() if k != "best"},
-      "roofline_tokens_per_s": roofline,
-      "roofline_fraction": ar_tokens_per_s / roofline,
+      "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bandwidth.items() if k_ != "best"},
+      "roofline_tokens_per_s": roofline, "roofline_fraction": ar["tokens_per_s"] / roofline,
   }
+  if drafter == "none":
+    return result
+  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
+                                         max_len=max_len)
+  sp_engine = make_engine(m, d_obj, k_max, sp, eos, max_len)
+  for arr, _, _ in batches:
+    compiled_generate(m, sp_engine, batch_size, arr.shape[1], max_len, d_params)
+  sd = time_decode(m, sp_engine, d_params, batches, max_new_tokens, max_len, k_max, log=log)
+  metrics = spec_metrics(sd["stats"])
+  arr0, lens0, _ = batches[0]
+  t_draft, t_verify = time_draft_and_verify(m, sp_engine, d_params, arr0, lens0, max_len)
+  tau = metrics["mean_accepted_length"]
+  predicted = tau * ar_step_s / (t_draft + t_verify)
+  speedup = sd["tokens_per_s"] / ar["tokens_per_s"]
+  result.update({
+      "drafter": drafter, "k": k_max, "spec_tokens_per_s": sd["tokens_per_s"], "speedup": speedup,
+      **metrics, "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
+      "spec_iteration_ms": sd["decode_s"] / max(1, metrics["iterations"]) * 1e3,
+      "predicted_speedup": predicted, "efficiency": speedup / predicted,
+  })
+  if drafter == "layerskip":
+    result["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
+  return result

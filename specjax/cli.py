@@ -42,6 +42,15 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                  help="KV cache positions per sequence (default 2048)")
 
 
+def _add_drafter(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--drafter", default="none", help="none | ngram | layerskip | model")
+  p.add_argument("--draft", default=None, help="draft model for --drafter model (same tokenizer as --model)")
+  p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step")
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram")
+  p.add_argument("--draft-layers", default=None,
+                 help="--drafter layerskip: a count L (the first L layers) or indices like 0,1,2,5")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="specjax", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--batch-size", type=int, default=1)
+  _add_drafter(g)
   g.add_argument("--json", action="store_true")
 
   s = sub.add_parser("score", help="per-token log-probabilities and perplexity of a raw text")
@@ -77,7 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--batch-size", type=int, default=1)
   b.add_argument("--max-new-tokens", type=int, default=128)
   b.add_argument("--prompts", default="specjax-prompts")
-  b.add_argument("--category", action="append")
+  b.add_argument("--category", action="append", help="keep only this prompt category (repeatable; "
+                                                      "'mt_bench' selects MT-bench's eight categories)")
+  b.add_argument("--limit", type=int, help="use only the first N prompts")
+  b.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+  _add_drafter(b)
   b.add_argument("--json", action="store_true")
 
   r = sub.add_parser("run", help="run an experiment bound in a gin file")
@@ -101,6 +115,23 @@ def _load(args):
   return api.load(args.model, dtype=args.dtype)
 
 
+def _load_draft(args):
+  from specjax import api
+  from specjax.errors import SpecjaxError
+  if args.drafter == "model" and not args.draft:
+    raise SpecjaxError("--drafter model needs --draft MODEL (a small model sharing the target's tokenizer)")
+  if args.draft and args.drafter != "model":
+    raise SpecjaxError(f"--draft is only used with --drafter model (got --drafter {args.drafter})")
+  if not args.draft:
+    return None
+  _log(f"[specjax] loading draft {args.draft}")
+  return api.load(args.draft, dtype=args.dtype)
+
+
+def _drafter_kwargs(args) -> dict:
+  return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers}
+
+
 def _max_len(args) -> int:
   from specjax.api import DEFAULT_MAX_LEN
   return args.max_len or DEFAULT_MAX_LEN
@@ -112,9 +143,11 @@ def cmd_generate(args) -> int:
   prompts = ([Prompt(0, "", args.prompt)] if args.prompt is not None
              else load_prompts(args.prompts, args.category, args.limit))
   m = _load(args)
+  draft = _load_draft(args)
   outputs, stats = api.generate(m, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                batch_size=args.batch_size, max_len=_max_len(args), progress=True)
+                                batch_size=args.batch_size, max_len=_max_len(args), progress=True,
+                                **_drafter_kwargs(args), draft=draft)
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
                         for o in outputs], "stats": stats}
 
@@ -152,14 +185,21 @@ def cmd_tokenize(args) -> int:
 def cmd_bench(args) -> int:
   from specjax import bench
   from specjax.prompts import load_prompts
-  prompts = load_prompts(args.prompts, args.category)
+  from specjax.api import DRAFTERS
+  from specjax.errors import SpecjaxError
+  if args.drafter not in DRAFTERS:
+    raise SpecjaxError(f"unknown drafter '{args.drafter}': choose one of {', '.join(DRAFTERS)}")
+  prompts = load_prompts(args.prompts, args.category, args.limit)
   m = _load(args)
-  res = bench.bench_autoregressive(m, prompts, batch_size=args.batch_size,
-                                   max_new_tokens=args.max_new_tokens, max_len=_max_len(args), log=_log)
+  res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                    max_len=_max_len(args), ignore_eos=args.ignore_eos, draft=_load_draft(args),
+                    log=_log, **_drafter_kwargs(args))
 
   def human(r):
     from specjax.report import print_table
-    print_table([{k: v for k, v in r.items() if not isinstance(v, dict)}], title="specjax bench")
+    print_table([{k: v for k, v in r.items() if not isinstance(v, (dict, list))}], title="specjax bench")
+    if "acceptance_by_position" in r:
+      print("acceptance by position: " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]))
   _emit(res, args.json, human)
   return 0
 

@@ -1,23 +1,17 @@
-"""Batched prefill and on-device autoregressive decoding (one jitted ``lax.while_loop``).
+"""Forward helpers for decoding: batched prefill and KV-window buckets.
 
-Shapes are static per (B, P, S): B sequences, prompts right-padded to P, a cache of S slots.  How many tokens to
-generate, which prompts, and when each sequence stops are data, so decoding more tokens or calling again with
-the same shapes compiles nothing new.
-
-The sequence buffer ``seq_BxS`` holds each prompt followed by its generated tokens; the KV cache holds all but
-the newest token of each sequence (``cache.lengths[b] + 1`` tokens are known).
+The decode loop itself lives in ``specjax.speculative.engine``: plain autoregressive decoding is its k = 0
+case, so baselines and speculation run the same code.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from specjax import model as model_lib
-from specjax import sampling
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache
 
@@ -78,94 +72,6 @@ def prefill(params, cfg: ModelConfig, cache: KVCache, prompt_BxP: jax.Array, pro
   window = None
   if buckets:
     window = next((w for w in buckets if w >= P), buckets[-1])
-  out = model_lib.forward(params, cfg, prompt_BxP, positions, cache, kv_window=window)
-  last = jnp.take_along_axis(out.logits, (prompt_lens_B - 1)[:, None, None], axis=1)[:, 0]
-  return Prefilled(out.cache.with_lengths(prompt_lens_B), last)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The decode loop
-
-
-@struct.dataclass
-class DecodeState:
-  cache: KVCache
-  seq_BxS: jax.Array        # prompt + generated tokens
-  last_B: jax.Array         # newest token (not yet in the cache)
-  num_new_B: jax.Array      # generated tokens per sequence
-  done_B: jax.Array         # finished (EOS or max_new_tokens)
-  key: jax.Array
-  steps: jax.Array          # target forwards run in the loop (scalar)
-
-
-class DecodeResult(NamedTuple):
-  seq_BxS: jax.Array
-  prompt_lens_B: jax.Array
-  num_new_B: jax.Array
-  steps: jax.Array
-  cache: KVCache
-
-
-def _is_eos(tok_B, eos_ids: tuple[int, ...]):
-  if not eos_ids:
-    return jnp.zeros(tok_B.shape, bool)
-  return jnp.isin(tok_B, jnp.asarray(eos_ids, jnp.int32))
-
-
-def _append(seq_BxS, index_B, tok_B, live_B):
-  B, S = seq_BxS.shape
-  index_B = jnp.where(live_B, index_B, S)   # out of range: dropped
-  return seq_BxS.at[jnp.arange(B), index_B].set(tok_B, mode="drop")
-
-
-def init_decode(params, cfg: ModelConfig, cache: KVCache, prompt_BxP, prompt_lens_B, max_new_B, key,
-                sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
-                buckets: tuple[int, ...] | None) -> DecodeState:
-  """Prefill and sample the first new token."""
-  B, P = prompt_BxP.shape
-  S = cache.max_len
-  pre = prefill(params, cfg, cache, prompt_BxP, prompt_lens_B, buckets)
-  key, sub = jax.random.split(key)
-  tok_B = sampling.sample(pre.last_logits_BxV, sub, sp)
-  live_B = max_new_B > 0
-  seq = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_BxP)
-  seq = jnp.where(jnp.arange(S)[None, :] < prompt_lens_B[:, None], seq, 0)
-  seq = _append(seq, prompt_lens_B, tok_B, live_B)
-  num_new = live_B.astype(jnp.int32)
-  done = ~live_B | _is_eos(tok_B, eos_ids) | (num_new >= max_new_B)
-  return DecodeState(cache=pre.cache, seq_BxS=seq, last_B=tok_B, num_new_B=num_new, done_B=done, key=key,
-                     steps=jnp.zeros((), jnp.int32))
-
-
-def decode_step(params, cfg: ModelConfig, state: DecodeState, max_new_B, sp: sampling.SamplingParams,
-                eos_ids: tuple[int, ...], buckets: tuple[int, ...] | None) -> DecodeState:
-  """One autoregressive step for every sequence that is not done."""
-  cache = state.cache
-  out = windowed_forward(params, cfg, state.last_B[:, None], cache.lengths[:, None], cache,
-                         buckets=buckets)
-  key, sub = jax.random.split(state.key)
-  tok_B = sampling.sample(out.logits[:, 0], sub, sp)
-  live_B = ~state.done_B
-  lengths = jnp.where(live_B, cache.lengths + 1, cache.lengths)
-  seq = _append(state.seq_BxS, lengths, tok_B, live_B)
-  num_new = state.num_new_B + live_B.astype(jnp.int32)
-  done = state.done_B | (live_B & (_is_eos(tok_B, eos_ids) | (num_new >= max_new_B)))
-  return DecodeState(cache=out.cache.with_lengths(lengths), seq_BxS=seq,
-                     last_B=jnp.where(live_B, tok_B, state.last_B), num_new_B=num_new, done_B=done, key=key,
-                     steps=state.steps + 1)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "sp", "eos_ids", "buckets"), donate_argnames=("cache",))
-def generate(params, cache: KVCache, prompt_BxP, prompt_lens_B, max_new_B, key, *, cfg: ModelConfig,
-             sp: sampling.SamplingParams, eos_ids: tuple[int, ...] = (),
-             buckets: tuple[int, ...] | None = None) -> DecodeResult:
-  """Prefill then decode until every sequence hit EOS or its ``max_new_B`` — all on device.
-
-  The caller guarantees ``prompt_lens_B + max_new_B <= cache.max_len`` (``specjax.api`` checks it).
-  """
-  state = init_decode(params, cfg, cache, prompt_BxP, prompt_lens_B, max_new_B, key, sp, eos_ids, buckets)
-  state = jax.lax.while_loop(
-      lambda s: ~jnp.all(s.done_B),
-      lambda s: decode_step(params, cfg, s, max_new_B, sp, eos_ids, buckets),
-      state)
-  return DecodeResult(state.seq_BxS, prompt_lens_B, state.num_new_B, state.steps, state.cache)
+  out = model_lib.forward(params, cfg, prompt_BxP, positions, cache, kv_window=window,
+                          head_index_B=prompt_lens_B - 1)
+  return Prefilled(out.cache.with_lengths(prompt_lens_B), out.logits[:, 0])

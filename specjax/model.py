@@ -240,7 +240,7 @@ def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
 
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
-            kv_window: int | None = None) -> ForwardOutput:
+            kv_window: int | None = None, head_index_B: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   Args:
@@ -250,6 +250,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), e.g. a tree mask.
     kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T);
       ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
+    head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
+      prompt position): logits and hidden are then [B, 1, ...].
   Returns:
     ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T).
   """
@@ -294,6 +296,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   else:
     carry, _ = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(cfg.num_layers)))
   x_BxTxD, k_all, v_all = carry
+  if head_index_B is not None:
+    x_BxTxD = jnp.take_along_axis(x_BxTxD, head_index_B[:, None, None], axis=1)
   hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
   logits = lm_head(params, cfg, hidden)
   return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T))

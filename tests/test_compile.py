@@ -3,15 +3,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config, decode, kv_cache, model, sampling
+from specjax import config, kv_cache, model, sampling, speculative
 from tests.compile_counter import count_compiles
 
 
 def _generate(params, cfg, prompt_BxP, lens, max_new, seed=0, sp=sampling.SamplingParams()):
   cache = kv_cache.init_cache(cfg, prompt_BxP.shape[0], 64)
-  res = decode.generate(params, cache, jnp.asarray(prompt_BxP), jnp.asarray(lens),
-                        jnp.asarray(max_new, jnp.int32), jax.random.PRNGKey(seed), cfg=cfg, sp=sp,
-                        eos_ids=(), buckets=(16, 32, 64))
+  B = prompt_BxP.shape[0]
+  res = speculative.generate(params, (), cache, jnp.asarray(prompt_BxP), jnp.asarray(lens),
+                             jnp.asarray(max_new, jnp.int32), jnp.zeros((B,), jnp.int32),
+                             jax.random.PRNGKey(seed),
+                             engine=speculative.engine.autoregressive(cfg, sp, (), (16, 32, 64)))
   return jax.block_until_ready(res)
 
 
@@ -33,4 +35,4 @@ def test_decoding_more_tokens_compiles_nothing_new():
     c = _generate(params, cfg, other, [8, 2], [25, 9], seed=5)  # other prompts, lengths and seed
   assert n() == 0, f"{n()} compilations after warm-up"
   assert b.num_new_B.tolist() == [40, 17] and a.num_new_B.tolist() == [3, 3]
-  assert int(c.steps) > 0
+  assert int(c.stats.iterations) > 0

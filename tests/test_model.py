@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import config, decode, kv_cache, model, sampling
+from specjax import config, kv_cache, model, sampling
+from specjax import speculative
 from tests.reference import random_hf_weights, reference_logits
 
 TINY = config.TINY
@@ -127,11 +128,19 @@ def _run_generate(params, cfg, prompts, max_new, max_len=64, sp=sampling.Samplin
   for i, p in enumerate(prompts):
     arr[i, :len(p)] = p
   cache = kv_cache.init_cache(cfg, B, max_len)
-  res = decode.generate(params, cache, jnp.asarray(arr), jnp.asarray([len(p) for p in prompts]),
-                        jnp.asarray(max_new, jnp.int32) * jnp.ones((B,), jnp.int32),
-                        jax.random.PRNGKey(seed), cfg=cfg, sp=sp, eos_ids=eos, buckets=buckets)
+  res = _ar(params, cfg, cache, arr, [len(p) for p in prompts],
+            jnp.asarray(max_new, jnp.int32) * jnp.ones((B,), jnp.int32), seed, sp, eos, buckets)
   seq = np.asarray(res.seq_BxS)
   return [seq[i, len(p):len(p) + int(res.num_new_B[i])].tolist() for i, p in enumerate(prompts)], res
+
+
+def _ar(params, cfg, cache, prompt_BxP, lens_B, max_new_B, seed=0, sp=sampling.SamplingParams(), eos=(),
+        buckets=None):
+  B = len(lens_B)
+  engine = speculative.engine.autoregressive(cfg, sp, eos, buckets)
+  return speculative.generate(params, (), cache, jnp.asarray(prompt_BxP), jnp.asarray(lens_B),
+                              jnp.asarray(max_new_B), jnp.zeros((B,), jnp.int32), jax.random.PRNGKey(seed),
+                              engine=engine)
 
 
 @pytest.mark.parametrize("buckets", [None, (16, 32, 64)])
@@ -141,7 +150,7 @@ def test_greedy_generate_matches_teacher_forced_rollout(buckets):
   prompt = [5, 9, 13, 2 + 20]
   out, res = _run_generate(params, cfg, [prompt], 12, buckets=buckets)
   assert out[0] == _greedy_reference(params, cfg, prompt, 12)
-  assert int(res.steps) == 11   # the first token comes from the prefill
+  assert int(res.stats.iterations) == 11   # the first token comes from the prefill
 
 
 def test_batch_of_different_lengths_equals_each_alone():
@@ -165,8 +174,7 @@ def test_stops_at_eos_and_per_sequence_max_new():
   assert stopped[0] == free[0][:first + 1]
   B = 2
   cache = kv_cache.init_cache(cfg, B, 64)
-  res = decode.generate(params, cache, jnp.asarray([prompt, prompt]), jnp.asarray([3, 3]),
-                        jnp.asarray([3, 7]), jax.random.PRNGKey(0), cfg=cfg, sp=sampling.SamplingParams())
+  res = _ar(params, cfg, cache, [prompt, prompt], [3, 3], [3, 7])
   assert res.num_new_B.tolist() == [3, 7]
   assert np.asarray(res.seq_BxS)[0, 3:6].tolist() == free[0][:3]
   assert np.asarray(res.seq_BxS)[1, 3:10].tolist() == free[0][:7]

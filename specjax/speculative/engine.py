@@ -170,5 +170,12 @@ def generate(target_params, draft_params, cache: KVCache, prompt_BxP, prompt_len
                             lambda s: spec_step(engine, target_params, draft_params, s, k_active_B), state)
 
 
+def autoregressive(cfg, sp: sampling.SamplingParams, eos_ids: tuple[int, ...] = (),
+                   buckets: tuple[int, ...] | None = None) -> Engine:
+  """Plain decoding: the k = 0 case of the speculative step."""
+  from specjax.speculative.drafters import NoDrafter
+  return Engine(cfg=cfg, drafter=NoDrafter(), k_max=0, sp=sp, eos_ids=eos_ids, buckets=buckets)
+
+
 init_jit = jax.jit(init, static_argnames=("engine",), donate_argnames=("cache",))
 step_jit = jax.jit(spec_step, static_argnames=("engine",), donate_argnames=("state",))
