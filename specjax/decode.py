@@ -5,7 +5,6 @@ case, so baselines and speculation run the same code.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -31,23 +30,10 @@ def kv_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
 
 def windowed_forward(params, cfg: ModelConfig, tokens_BxT, positions_BxT, cache: KVCache,
                      extra_mask_BxTxT=None, buckets: tuple[int, ...] | None = None):
-  """``model.forward`` that reads only the smallest bucket of cache slots covering every live sequence.
-
-  Each bucket is compiled once (``lax.switch``), so a step at a short context does not pay for the empty
-  slots at the end of a long buffer, and nothing recompiles as sequences grow.
-  """
-  T = tokens_BxT.shape[1]
-  if not buckets or len(buckets) == 1:
-    return model_lib.forward(params, cfg, tokens_BxT, positions_BxT, cache, extra_mask_BxTxT,
-                             kv_window=buckets[0] if buckets else None)
-  need = jnp.max(cache.lengths) + T
-  index = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets), need, side="left"), len(buckets) - 1)
-  branches = [functools.partial(_forward_window, cfg=cfg, window=w) for w in buckets]
-  return jax.lax.switch(index, branches, params, tokens_BxT, positions_BxT, cache, extra_mask_BxTxT)
-
-
-def _forward_window(params, tokens, positions, cache, extra_mask, *, cfg, window):
-  return model_lib.forward(params, cfg, tokens, positions, cache, extra_mask, kv_window=window)
+  """``model.forward`` whose attention reads only the smallest bucket of cache slots covering every live
+  sequence (see ``model.forward``'s ``kv_buckets``)."""
+  return model_lib.forward(params, cfg, tokens_BxT, positions_BxT, cache, extra_mask_BxTxT,
+                           kv_buckets=buckets)
 
 
 # ----------------------------------------------------------------------------------------------------------

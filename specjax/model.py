@@ -211,9 +211,9 @@ def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.A
   return visible
 
 
-def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
-           mask_BxTxS: jax.Array) -> jax.Array:
-  """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E]."""
+def attend_reference(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
+                     mask_BxTxS: jax.Array) -> jax.Array:
+  """Grouped-query attention written the obvious way (the reference for ``attend``). Returns [B, T, H, E]."""
   B, T, H, E = q_BxTxHxE.shape
   K = k_BxSxKxE.shape[2]
   q = q_BxTxHxE.reshape(B, T, K, H // K, E)
@@ -224,6 +224,32 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   out = jnp.einsum("bkgts,bske->btkge", probs.astype(v_BxSxKxE.dtype), v_BxSxKxE,
                    preferred_element_type=jnp.float32)
   return out.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
+
+
+def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
+           mask_BxTxS: jax.Array) -> jax.Array:
+  """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E].
+
+  Reads k and v in the cache's own row layout [B, S, K*E]: each query head is placed in its kv head's block
+  of a block-diagonal [T*H, K*E] matrix, so both products are plain batched matmuls with no transposed copy
+  of the cache (K times the attention arithmetic, which is negligible for decode-sized T; XLA:CPU otherwise
+  spends more time transposing the window than attending).  Same result as ``attend_reference``.
+  """
+  B, T, H, E = q_BxTxHxE.shape
+  S, K = k_BxSxKxE.shape[1], k_BxSxKxE.shape[2]
+  G = H // K
+  dt = k_BxSxKxE.dtype
+  eye_KxK = jnp.eye(K, dtype=dt)
+  q_blocks = (q_BxTxHxE.astype(dt).reshape(B, T, K, G, 1, E) * eye_KxK.reshape(1, 1, K, 1, K, 1))
+  q_BxNxC = q_blocks.reshape(B, T * H, K * E)                                   # N = T*H, C = K*E
+  scores = jnp.einsum("bnc,bsc->bns", q_BxNxC, k_BxSxKxE.reshape(B, S, K * E),
+                      preferred_element_type=jnp.float32) / math.sqrt(E)
+  scores = jnp.where(mask_BxTxS[:, :, None, :], scores.reshape(B, T, H, S), MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).reshape(B, T * H, S)
+  o = jnp.einsum("bns,bsc->bnc", probs.astype(dt), v_BxSxKxE.reshape(B, S, K * E),
+                 preferred_element_type=jnp.float32)
+  o = jnp.einsum("btkgje,kj->btkge", o.reshape(B, T, K, G, K, E), eye_KxK.astype(o.dtype))
+  return o.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
 
 
 def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
@@ -240,7 +266,8 @@ def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
 
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
-            kv_window: int | None = None, head_index_B: jax.Array | None = None) -> ForwardOutput:
+            kv_window: int | None = None, head_index_B: jax.Array | None = None,
+            kv_buckets: tuple[int, ...] | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   Args:
@@ -250,6 +277,9 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), e.g. a tree mask.
     kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T);
       ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
+    kv_buckets: static window sizes; each layer's attention reads the smallest one covering
+      max(lengths) + T (a ``lax.switch``: every bucket compiled once, chosen by data), so a step at a short
+      context does not pay for the empty end of a long buffer and nothing recompiles as sequences grow.
     head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
       prompt position): logits and hidden are then [B, 1, ...].
   Returns:
@@ -266,6 +296,16 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   cos, sin = rope_tables(cfg, positions_BxT)
   # Mask over the window: new slots are written at lengths..lengths+T-1 (< W by the caller's contract).
   mask_BxTxW = attention_mask(lengths, T, W, extra_mask_BxTxT)
+  windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
+  bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + T).astype(jnp.int32)
+
+  def attend_layer(q, k_all, v_all, layer):
+    def over(w):
+      return lambda q, k_all, v_all: attend(q, k_all[layer, :, :w].astype(dtype),
+                                            v_all[layer, :, :w].astype(dtype), mask_BxTxW[:, :, :w])
+    if len(windows) == 1:
+      return over(W)(q, k_all, v_all)
+    return jax.lax.switch(bucket, [over(w) for w in windows], q, k_all, v_all)
 
   def layer_fn(carry, layer_in):
     x_BxTxD, k_all, v_all = carry
@@ -280,9 +320,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     v = v.reshape(B, T, K, E)
     k_all = _write_slots(k_all, layer, k, lengths)
     v_all = _write_slots(v_all, layer, v, lengths)
-    k_win = jax.lax.dynamic_slice_in_dim(k_all, layer, 1, axis=0)[0, :, :W]
-    v_win = jax.lax.dynamic_slice_in_dim(v_all, layer, 1, axis=0)[0, :, :W]
-    o = attend(q, k_win.astype(dtype), v_win.astype(dtype), mask_BxTxW)
+    o = attend_layer(q, k_all, v_all, layer)
     x_BxTxD = x_BxTxD + jnp.einsum("btn,dn->btd", o.reshape(B, T, H * E), lp["wo"])
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
     gate, up = jnp.split(jnp.einsum("btd,fd->btf", h, lp["w_gate_up"]), 2, axis=-1)
