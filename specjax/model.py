@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_matmul
 from specjax.kv_cache import KVCache
 
 Params = dict[str, Any]
@@ -153,6 +154,12 @@ def cast_params(params: Params, dtype) -> Params:
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
+
+
+def linear(x_BxTxD: jax.Array, w_NxD: jax.Array) -> jax.Array:
+  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs, else XLA."""
+  B, T, D = x_BxTxD.shape
+  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD).reshape(B, T, w_NxD.shape[0])
 
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
@@ -311,7 +318,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     x_BxTxD, k_all, v_all = carry
     lp, layer = layer_in
     h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
-    qkv = jnp.einsum("btd,nd->btn", h, lp["w_qkv"])
+    qkv = linear(h, lp["w_qkv"])
     if cfg.qkv_bias:
       qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
@@ -321,10 +328,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     k_all = _write_slots(k_all, layer, k, lengths)
     v_all = _write_slots(v_all, layer, v, lengths)
     o = attend_layer(q, k_all, v_all, layer)
-    x_BxTxD = x_BxTxD + jnp.einsum("btn,dn->btd", o.reshape(B, T, H * E), lp["wo"])
+    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"])
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
-    gate, up = jnp.split(jnp.einsum("btd,fd->btf", h, lp["w_gate_up"]), 2, axis=-1)
-    x_BxTxD = x_BxTxD + jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, lp["w_down"])
+    gate, up = jnp.split(linear(h, lp["w_gate_up"]), 2, axis=-1)
+    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"])
     return (x_BxTxD, k_all, v_all), None
 
   carry = (x_BxTxD, cache.k, cache.v)
@@ -342,6 +349,5 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array) -> jax.Array:
-  if cfg.tie_embeddings:
-    return jnp.einsum("btd,vd->btv", hidden_BxTxD, params["embed"], preferred_element_type=jnp.float32)
-  return jnp.einsum("btd,vd->btv", hidden_BxTxD, params["lm_head"], preferred_element_type=jnp.float32)
+  head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
+  return linear(hidden_BxTxD, head_VxD).astype(jnp.float32)

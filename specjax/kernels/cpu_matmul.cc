@@ -1,0 +1,230 @@
+// specjax CPU kernel: y[M, N] = x[M, D] . w[N, D]^T for a few rows M (decode and verification steps).
+//
+// Why: a decode step is a chain of matrix-vector products that must stream every weight from DRAM once.
+// XLA:CPU reaches about 2/3 of the machine's read bandwidth on them and switches to a packing GEMM as soon as
+// M > 1, which makes verifying k drafted tokens cost almost twice a plain step.  This kernel streams each
+// weight row once for all M rows (the rows of x stay in L1/L2), split over a persistent thread pool.
+//
+// Exposed to JAX as the XLA FFI target "specjax_matmul_t" (see cpu_matmul.py, which also holds the
+// reference implementation and builds this file with the system C++ compiler on first use).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct Task {
+  const float* x;  // [M, D]
+  const float* w;  // [N, D]
+  float* y;        // [M, N]
+  int64_t M, N, D;
+};
+
+// Portable path: rows [n0, n1) of w against all M rows of x, four weight rows at a time.
+void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
+  const int64_t D = t.D, M = t.M, N = t.N;
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w0 = t.w + (n + 0) * D;
+    const float* w1 = t.w + (n + 1) * D;
+    const float* w2 = t.w + (n + 2) * D;
+    const float* w3 = t.w + (n + 3) * D;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = t.x + m * D;
+      float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+      for (int64_t d = 0; d < D; ++d) {
+        const float xv = xr[d];
+        a0 += w0[d] * xv;
+        a1 += w1[d] * xv;
+        a2 += w2[d] * xv;
+        a3 += w3[d] * xv;
+      }
+      float* yr = t.y + m * N + n;
+      yr[0] = a0;
+      yr[1] = a1;
+      yr[2] = a2;
+      yr[3] = a3;
+    }
+  }
+  for (; n < n1; ++n) {
+    const float* wr = t.w + n * D;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = t.x + m * D;
+      float a = 0.f;
+#pragma omp simd reduction(+ : a)
+      for (int64_t d = 0; d < D; ++d) a += wr[d] * xr[d];
+      t.y[m * N + n] = a;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// A tile: 4 weight rows (loaded once per 16 columns) against MB rows of x held in 4*MB accumulators, while
+// prefetching the next tile's rows so the memory stream keeps going during the arithmetic.
+template <int MB>
+inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool prefetch) {
+  const int64_t D = t.D;
+  __m512 acc[MB][4];
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    if (prefetch) {
+      const char* p = reinterpret_cast<const char*>(w0 + 4 * D + d);
+      _mm_prefetch(p, _MM_HINT_T0);
+      _mm_prefetch(p + 4 * D, _MM_HINT_T0);
+      _mm_prefetch(p + 8 * D, _MM_HINT_T0);
+      _mm_prefetch(p + 12 * D, _MM_HINT_T0);
+    }
+    const __m512 w_0 = _mm512_loadu_ps(w0 + d), w_1 = _mm512_loadu_ps(w0 + D + d);
+    const __m512 w_2 = _mm512_loadu_ps(w0 + 2 * D + d), w_3 = _mm512_loadu_ps(w0 + 3 * D + d);
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xv = _mm512_loadu_ps(t.x + (m0 + i) * D + d);
+      acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(w_3, xv, acc[i][3]);
+    }
+  }
+  if (d < D) {  // tail columns: masked loads read zeros past the end
+    const __mmask16 k = static_cast<__mmask16>((1u << (D - d)) - 1);
+    const __m512 w_0 = _mm512_maskz_loadu_ps(k, w0 + d), w_1 = _mm512_maskz_loadu_ps(k, w0 + D + d);
+    const __m512 w_2 = _mm512_maskz_loadu_ps(k, w0 + 2 * D + d), w_3 = _mm512_maskz_loadu_ps(k, w0 + 3 * D + d);
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(k, t.x + (m0 + i) * D + d);
+      acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(w_3, xv, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    float* yr = t.y + (m0 + i) * t.N + n;
+    for (int r = 0; r < 4; ++r) yr[r] = _mm512_reduce_add_ps(acc[i][r]);
+  }
+}
+
+void RowBlock(const Task& t, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w0 = t.w + n * t.D;
+    const bool prefetch = n + 8 <= n1;
+    int64_t m = 0;
+    for (; m + 6 <= t.M; m += 6) Tile<6>(t, w0, n, m, prefetch);
+    switch (t.M - m) {
+      case 1: Tile<1>(t, w0, n, m, prefetch); break;
+      case 2: Tile<2>(t, w0, n, m, prefetch); break;
+      case 3: Tile<3>(t, w0, n, m, prefetch); break;
+      case 4: Tile<4>(t, w0, n, m, prefetch); break;
+      case 5: Tile<5>(t, w0, n, m, prefetch); break;
+      default: break;
+    }
+  }
+  if (n < n1) RowBlockPortable(t, n, n1);
+}
+#else
+void RowBlock(const Task& t, int64_t n0, int64_t n1) { RowBlockPortable(t, n0, n1); }
+#endif
+
+// A persistent pool: the caller runs part 0, workers run parts 1..P-1.  Workers spin briefly between calls
+// (decode issues ~120 calls per step a few microseconds apart), then sleep on the generation counter.
+class Pool {
+ public:
+  explicit Pool(int parts) : parts_(std::max(1, parts)) {
+    for (int i = 1; i < parts_; ++i) threads_.emplace_back([this, i] { Worker(i); });
+  }
+  ~Pool() {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& th : threads_) th.join();
+  }
+  int parts() const { return parts_; }
+
+  void Run(const Task& task) {
+    task_ = task;
+    remaining_.store(parts_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    Part(0);
+    while (remaining_.load(std::memory_order_acquire) != 0) {
+    }
+  }
+
+ private:
+  void Part(int i) {
+    const int64_t N = task_.N;
+    // Split rows in multiples of 16 so each part streams whole cache lines of y.
+    const int64_t per = ((N + parts_ - 1) / parts_ + 15) / 16 * 16;
+    const int64_t n0 = std::min<int64_t>(N, per * i), n1 = std::min<int64_t>(N, per * (i + 1));
+    if (n0 < n1) RowBlock(task_, n0, n1);
+  }
+
+  void Worker(int i) {
+    uint64_t seen = 0;  // the initial generation: a Run() issued before this thread started is not missed
+    while (true) {
+      uint64_t g;
+      int spins = 0;
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+        if (++spins > 200000) {
+          generation_.wait(seen, std::memory_order_acquire);
+          spins = 0;
+        }
+      }
+      seen = g;
+      if (stop_.load()) return;
+      Part(i);
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  const int parts_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> stop_{false};
+  Task task_{};
+};
+
+int ThreadCount() {
+  if (const char* env = std::getenv("SPECJAX_CPU_THREADS")) return std::max(1, std::atoi(env));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+Pool& GetPool() {
+  static Pool* pool = new Pool(ThreadCount());  // never destroyed: lives as long as the process
+  return *pool;
+}
+
+ffi::Error MatmulT(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) {
+    return ffi::Error::InvalidArgument("specjax_matmul_t expects x [M, D] and w [N, D]");
+  }
+  Task t{x.typed_data(), w.typed_data(), y->typed_data(), xd[0], wd[0], xd[1]};
+  if (t.M * t.N * t.D < (int64_t{1} << 16)) {
+    RowBlock(t, 0, t.N);  // too small to be worth waking the pool
+  } else {
+    GetPool().Run(t);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulT, MatmulT,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,0 +1,41 @@
+"""The native CPU matmul kernel against its reference (shapes with tails, many row counts, gradients)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.kernels import cpu_matmul
+
+pytestmark = pytest.mark.skipif(not cpu_matmul.available(), reason="native CPU kernel not built here")
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 6, 7, 12, 16])
+@pytest.mark.parametrize("N,D", [(64, 32), (197, 576), (1536, 100), (5, 17), (3, 8)])
+def test_native_equals_reference(M, N, D):
+  rng = np.random.default_rng(M * 1000 + N + D)
+  x = jnp.asarray(rng.standard_normal((M, D)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((N, D)), jnp.float32)
+  got = jax.jit(cpu_matmul.matmul_t_native)(x, w)
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(D))
+
+
+def test_dispatch_uses_reference_for_many_rows_and_bf16():
+  x = jnp.ones((cpu_matmul.MAX_ROWS + 1, 8))
+  w = jnp.ones((4, 8))
+  text = jax.jit(cpu_matmul.matmul_t).lower(x, w).as_text()
+  assert cpu_matmul.TARGET not in text
+  assert cpu_matmul.TARGET in jax.jit(cpu_matmul.matmul_t).lower(x[:2], w).as_text()
+  assert cpu_matmul.TARGET not in jax.jit(cpu_matmul.matmul_t).lower(
+      x[:2].astype(jnp.bfloat16), w.astype(jnp.bfloat16)).as_text()
+
+
+def test_gradient_matches_reference():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((3, 20)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((7, 20)), jnp.float32)
+  loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+  g_native = jax.grad(loss(cpu_matmul.matmul_t_native), argnums=(0, 1))(x, w)
+  g_ref = jax.grad(loss(cpu_matmul.matmul_t_reference), argnums=(0, 1))(x, w)
+  for a, b in zip(g_native, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
