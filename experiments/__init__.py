@@ -3,6 +3,9 @@
 Each returns rows (one dict per table line), a summary dict, and declarative plot specs that the runner
 renders (see ``specjax.runner.make_plot``).
 """
+from experiments.acceptance_vs_k import acceptance_vs_k
+from experiments.layerskip_search import layerskip_search
 from experiments.quickstart import quickstart
 
-EXPERIMENTS = {"quickstart": quickstart}
+EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
+               "layerskip_search": layerskip_search}

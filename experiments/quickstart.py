@@ -1,44 +1,40 @@
-"""Quickstart: decode the built-in prompt set on the default real model and report speed per category."""
+"""Quickstart: plain decoding vs each drafter on the default real model and the built-in prompt set."""
 from __future__ import annotations
 
-import collections
-
-from specjax import api
-from specjax.prompts import load_prompts
+from specjax import api, bench
+from experiments.common import pick_prompts, setup
 
 
-def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts",
-               categories: list[str] | None = None, per_category: int = 2, max_new_tokens: int = 64,
-               batch_size: int = 1, max_len: int = 2048, dtype: str = "float32", log=print) -> dict:
-  """Greedy chat replies to ``per_category`` prompts of each category; tokens/s per category."""
-  selected = load_prompts(prompts, categories)
-  by_cat: dict[str, list] = collections.defaultdict(list)
-  for p in selected:
-    if len(by_cat[p.category]) < per_category:
-      by_cat[p.category].append(p)
-  chosen = [p for ps in by_cat.values() for p in ps]
-  log(f"[quickstart] {len(chosen)} prompts from {len(by_cat)} categories on {model}")
-  m = api.load(model, dtype=dtype)
-  outputs, stats = api.generate(m, chosen, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                max_len=max_len, progress=True)
-  # Per-category speed: time per token is the same loop for all, so report tokens and a shared rate
-  rows = []
-  for cat, ps in by_cat.items():
-    ids = {p.question_id for p in ps}
-    outs = [o for o in outputs if o.question_id in ids]
-    rows.append({"category": cat, "prompts": len(outs),
-                 "mean_prompt_tokens": sum(o.prompt_tokens for o in outs) / len(outs),
-                 "mean_new_tokens": sum(len(o.token_ids) for o in outs) / len(outs),
-                 "method": "autoregressive", "sample": outs[0].text[:60].replace("\n", " ")})
-  rows.append({"category": "all", "prompts": len(outputs), "method": "autoregressive",
-               "mean_new_tokens": stats["new_tokens"] / len(outputs), "tokens_per_s": stats["tokens_per_s"],
-               "mean_prompt_tokens": stats["prompt_tokens"] / len(outputs)})
+def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
+               per_category: int = 1, max_new_tokens: int = 64, max_len: int = 2048, dtype: str = "float32",
+               drafters=("ngram", "layerskip"), k: int = 4, ngram: int = 3, draft_layers=None,
+               draft: str | None = None, log=print) -> dict:
+  """Greedy chat replies to ``per_category`` prompts of each category: plain decoding, then each drafter on
+  the same prompts in the same run (τ, α, speedup); plus the replies themselves."""
+  chosen = pick_prompts(prompts, categories, per_category)
+  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, dtype=dtype, draft=draft, log=log)
+  eos = tuple(m.tokenizer.eos_token_ids)
+  outputs, _ = api.generate(m, chosen, max_new_tokens=max_new_tokens, max_len=max_len)
+  ar = bench.measure_autoregressive(m, batches, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
+                                    log=log)
+  rows = [{"method": "autoregressive", "tokens_per_s": ar["ar_tokens_per_s"], "speedup": 1.0,
+           "mean_accepted_length": 1.0, "acceptance_rate": None,
+           "roofline_fraction": ar["roofline_fraction"]}]
+  for name in drafters:
+    log(f"[quickstart] drafter {name}, k={k}")
+    r = bench.measure_speculative(m, batches, ar, drafter=name, k=k, max_new_tokens=max_new_tokens,
+                                  max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
+                                  draft=d, log=lambda *_: None)
+    rows.append({"method": f"{name} (k={k})", "tokens_per_s": r["spec_tokens_per_s"], "speedup": r["speedup"],
+                 "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
+                 "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"]})
   return {
-      "title": f"quickstart: {model}, greedy, {max_new_tokens} new tokens, batch {batch_size}",
+      "title": f"quickstart: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens, batch 1",
       "rows": rows,
-      "summary": {"tokens_per_s": stats["tokens_per_s"], "new_tokens": stats["new_tokens"],
-                  "decode_s": stats["decode_s"], "compile_s": stats["compile_s"]},
-      "outputs": [{"question_id": o.question_id, "text": o.text} for o in outputs],
-      "plots": [{"file": "new_tokens_by_category.png", "x": "category", "y": "mean_new_tokens",
-                 "kind": "bar", "title": "mean reply length by category"}],
+      "summary": {"ar_tokens_per_s": ar["ar_tokens_per_s"], "roofline_fraction": ar["roofline_fraction"],
+                  "read_bandwidth_gbs": ar["read_bandwidth_gbs"]},
+      "outputs": [{"question_id": o.question_id, "category": p.category, "prompt": p.text, "reply": o.text}
+                  for o, p in zip(outputs, chosen)],
+      "plots": [{"file": "speedup.png", "x": "method", "y": "speedup", "kind": "bar",
+                 "title": "speedup over plain decoding (same prompts, same run)"}],
   }

@@ -105,10 +105,19 @@ def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, ex
         "or --max-new-tokens")
 
 
-def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, bucket: int = PROMPT_BUCKET):
-  """Right-pad prompts into [B, P] (P a multiple of ``bucket``); missing rows repeat the last prompt."""
+def prompt_bucket(n: int) -> int:
+  """Padded prompt length: 64, 128, 192, 256, then steps of a quarter of the power of two below (few shapes
+  to compile, at most ~25% padding)."""
+  if n <= 4 * PROMPT_BUCKET:
+    return _round_up(n, PROMPT_BUCKET)
+  step = 1 << (n.bit_length() - 3)
+  return _round_up(n, step)
+
+
+def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, pad_to: int | None = None):
+  """Right-pad prompts into [B, P] (P from ``prompt_bucket`` unless given); missing rows repeat the last."""
   rows = list(token_lists) + [token_lists[-1]] * (batch_size - len(token_lists))
-  P = _round_up(max(len(r) for r in rows), bucket)
+  P = pad_to or prompt_bucket(max(len(r) for r in rows))
   arr = np.zeros((batch_size, P), np.int32)
   for i, r in enumerate(rows):
     arr[i, :len(r)] = r

@@ -18,7 +18,7 @@ import numpy as np
 from specjax import decode, sampling
 from specjax import speculative as spec
 from specjax.api import (Model, build_drafter, check_fits, compiled_generate, encode_prompts, make_engine,
-                         pad_batch, parse_layers, spec_metrics)
+                         pad_batch, parse_layers, prompt_bucket, spec_metrics)
 from specjax.kv_cache import init_cache
 from specjax.prompts import Prompt
 
@@ -137,14 +137,69 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
 
 
 def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int, max_len: int):
+  """Chat-templated prompts in batches, all padded to one length: one compiled loop per engine (prefill
+  is excluded from every timing, so the padding costs nothing measured)."""
   encoded = encode_prompts(m, prompts)
   check_fits([len(e) for e in encoded], max_new, max_len)
+  pad_to = prompt_bucket(max(len(e) for e in encoded))
   batches = []
   for s in range(0, len(encoded), batch_size):
     chunk = encoded[s:s + batch_size]
-    arr, lens = pad_batch(chunk, batch_size)
+    arr, lens = pad_batch(chunk, batch_size, pad_to)
     batches.append((arr, lens, len(chunk)))
   return batches
+
+
+def measure_autoregressive(m: Model, batches, *, max_new_tokens: int, max_len: int, eos_ids,
+                           bandwidth: dict | None = None, log=print) -> dict:
+  """Plain decoding speed over ``batches`` and the memory roofline it is compared with."""
+  sp = sampling.SamplingParams()
+  batch_size = batches[0][0].shape[0]
+  engine = make_engine(m, spec.NoDrafter(), 0, sp, eos_ids, max_len)
+  for arr, _, _ in batches:
+    compiled_generate(m, engine, batch_size, arr.shape[1], max_len)
+  ar = time_decode(m, engine, (), batches, max_new_tokens, max_len, 0, log=log)
+  ar_step_s = ar["decode_s"] / max(1, int(np.asarray(ar["stats"].iterations)))
+  if bandwidth is None:
+    log("[bench] measuring read bandwidth")
+    bandwidth = measure_read_bandwidth()
+  kv_bytes = batch_size * ar["mean_context"] * kv_bytes_per_token(m)
+  roofline = batch_size * bandwidth["best"] * 1e9 / (m.weight_bytes + kv_bytes)
+  return {
+      "ar_tokens_per_s": ar["tokens_per_s"], "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": ar["tokens"],
+      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": kv_bytes,
+      "read_bandwidth_gbs": bandwidth["best"],
+      "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bandwidth.items() if k_ != "best"},
+      "roofline_tokens_per_s": roofline, "roofline_fraction": ar["tokens_per_s"] / roofline,
+  }
+
+
+def measure_speculative(m: Model, batches, ar: dict, *, drafter: str, k: int, max_new_tokens: int,
+                        max_len: int, eos_ids, ngram: int = 3, draft_layers=None, draft: Model | None = None,
+                        log=print) -> dict:
+  """Speculative decoding speed over the same batches, its acceptance metrics, and the speedup predicted
+  from the measured τ and the measured costs of one draft round and one verify forward."""
+  sp = sampling.SamplingParams()
+  batch_size = batches[0][0].shape[0]
+  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
+                                         max_len=max_len)
+  engine = make_engine(m, d_obj, k_max, sp, eos_ids, max_len)
+  for arr, _, _ in batches:
+    compiled_generate(m, engine, batch_size, arr.shape[1], max_len, d_params)
+  sd = time_decode(m, engine, d_params, batches, max_new_tokens, max_len, k_max, log=log)
+  metrics = spec_metrics(sd["stats"])
+  arr0, lens0, _ = batches[0]
+  t_draft, t_verify = time_draft_and_verify(m, engine, d_params, arr0, lens0, max_len)
+  tau = metrics["mean_accepted_length"]
+  predicted = tau * ar["ar_step_ms"] / 1e3 / (t_draft + t_verify)
+  speedup = sd["tokens_per_s"] / ar["ar_tokens_per_s"]
+  out = {"drafter": drafter, "k": k_max, "spec_tokens_per_s": sd["tokens_per_s"], "speedup": speedup,
+         **metrics, "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
+         "spec_iteration_ms": sd["decode_s"] / max(1, metrics["iterations"]) * 1e3,
+         "predicted_speedup": predicted, "efficiency": speedup / predicted}
+  if drafter == "layerskip":
+    out["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
+  return out
 
 
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
@@ -153,53 +208,18 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           log=print) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding on the same prompts — in one run,
   next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
-  sp = sampling.SamplingParams()
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
     prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
   batches = make_batches(m, prompts, batch_size, max_new_tokens, max_len)
   eos = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
-  ar_engine = make_engine(m, spec.NoDrafter(), 0, sp, eos, max_len)
-  log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}; compiling")
-  for arr, _, _ in batches:
-    compiled_generate(m, ar_engine, batch_size, arr.shape[1], max_len)
-  ar = time_decode(m, ar_engine, (), batches, max_new_tokens, max_len, 0, log=log)
-  ar_step_s = ar["decode_s"] / max(1, int(np.asarray(ar["stats"].iterations)))
-  if bandwidth is None:
-    log("[bench] measuring read bandwidth")
-    bandwidth = measure_read_bandwidth()
-  bw = bandwidth["best"] * 1e9
-  kv_bytes = batch_size * ar["mean_context"] * kv_bytes_per_token(m)
-  roofline = batch_size * bw / (m.weight_bytes + kv_bytes)
-  result = {
-      "model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
-      "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
-      "backend": jax.default_backend(), "ignore_eos": ignore_eos,
-      "ar_tokens_per_s": ar["tokens_per_s"], "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": ar["tokens"],
-      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": kv_bytes,
-      "read_bandwidth_gbs": bandwidth["best"],
-      "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bandwidth.items() if k_ != "best"},
-      "roofline_tokens_per_s": roofline, "roofline_fraction": ar["tokens_per_s"] / roofline,
-  }
-  if drafter == "none":
-    return result
-  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                                         max_len=max_len)
-  sp_engine = make_engine(m, d_obj, k_max, sp, eos, max_len)
-  for arr, _, _ in batches:
-    compiled_generate(m, sp_engine, batch_size, arr.shape[1], max_len, d_params)
-  sd = time_decode(m, sp_engine, d_params, batches, max_new_tokens, max_len, k_max, log=log)
-  metrics = spec_metrics(sd["stats"])
-  arr0, lens0, _ = batches[0]
-  t_draft, t_verify = time_draft_and_verify(m, sp_engine, d_params, arr0, lens0, max_len)
-  tau = metrics["mean_accepted_length"]
-  predicted = tau * ar_step_s / (t_draft + t_verify)
-  speedup = sd["tokens_per_s"] / ar["tokens_per_s"]
-  result.update({
-      "drafter": drafter, "k": k_max, "spec_tokens_per_s": sd["tokens_per_s"], "speedup": speedup,
-      **metrics, "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
-      "spec_iteration_ms": sd["decode_s"] / max(1, metrics["iterations"]) * 1e3,
-      "predicted_speedup": predicted, "efficiency": speedup / predicted,
-  })
-  if drafter == "layerskip":
-    result["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
+  log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}")
+  result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
+            "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
+            "backend": jax.default_backend(), "ignore_eos": ignore_eos}
+  result.update(measure_autoregressive(m, batches, max_new_tokens=max_new_tokens, max_len=max_len,
+                                       eos_ids=eos, bandwidth=bandwidth, log=log))
+  if drafter != "none":
+    result.update(measure_speculative(m, batches, result, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
+                                      max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
+                                      draft=draft, log=log))
   return result

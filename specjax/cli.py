@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--prompts", default="specjax-prompts")
   b.add_argument("--category", action="append", help="keep only this prompt category (repeatable; "
                                                       "'mt_bench' selects MT-bench's eight categories)")
+  b.add_argument("--per-category", type=int, help="use only the first N prompts of each category")
   b.add_argument("--limit", type=int, help="use only the first N prompts")
   b.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
   _add_drafter(b)
@@ -189,7 +190,7 @@ def cmd_bench(args) -> int:
   from specjax.errors import SpecjaxError
   if args.drafter not in DRAFTERS:
     raise SpecjaxError(f"unknown drafter '{args.drafter}': choose one of {', '.join(DRAFTERS)}")
-  prompts = load_prompts(args.prompts, args.category, args.limit)
+  prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
   m = _load(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=_max_len(args), ignore_eos=args.ignore_eos, draft=_load_draft(args),

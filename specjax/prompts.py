@@ -19,11 +19,12 @@ class Prompt:
 
 
 def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...] | list[str] | None = None,
-                 limit: int | None = None) -> list[Prompt]:
+                 limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
   """Read prompts from a Spec-Bench JSONL file (first turn as the user message) or a plain-text file.
 
   ``path`` may be ``"specjax-prompts"`` for the project's own set.  ``categories`` keeps only those
-  categories (Spec-Bench groups MT-bench's eight categories as ``mt_bench``: pass ``"mt_bench"`` for them).
+  categories (``"mt_bench"`` selects MT-bench's eight categories); ``per_category`` keeps the first N of each
+  category, then ``limit`` the first N overall.
   """
   if str(path) == DEFAULT_PROMPTS:
     text = resources.files("specjax").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
@@ -52,6 +53,14 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...]
     wanted = set(categories)
     mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
     prompts = [p for p in prompts if p.category in wanted or ("mt_bench" in wanted and p.category in mt)]
+  if per_category:
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+      if seen.get(p.category, 0) < per_category:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        kept.append(p)
+    prompts = kept
   if limit is not None:
     prompts = prompts[:limit]
   if not prompts:

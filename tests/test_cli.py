@@ -90,12 +90,13 @@ def test_generate_tokenize_json(tiny_model, tmp_path):
 def test_run_writes_a_run_directory(tiny_model, tmp_path):
   out = tmp_path / "run"
   proc = specjax("run", "configs/quickstart.gin", "--gin-binding", f"quickstart.model = '{tiny_model}'",
-                 "--gin-binding", "quickstart.per_category = 1", "--gin-binding",
+                 "--gin-binding", "quickstart.per_category = 1", "--gin-binding", "quickstart.categories = ['qa']",
+                 "--gin-binding",
                  "quickstart.max_new_tokens = 3", "--out", str(out), "--json")
   assert proc.returncode == 0, proc.stderr
   obj = json.loads(proc.stdout)
   assert obj["rows"] and obj["run_dir"] == str(out)
-  for f in ("config.gin", "results.json", "results.csv", "new_tokens_by_category.png"):
+  for f in ("config.gin", "results.json", "results.csv", "speedup.png"):
     assert (out / f).is_file(), f
   assert "quickstart.max_new_tokens = 3" in (out / "config.gin").read_text()
 
@@ -105,3 +106,28 @@ def test_models_lists_default(tmp_path):
   assert proc.returncode == 0, proc.stderr
   models = json.loads(proc.stdout)["models"]
   assert any(m["name"] == "smollm2-135m" and m["cached"] is False for m in models)
+
+
+def test_unknown_drafter_and_k_too_large(tiny_model):
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "magic"),
+                     "unknown drafter", "ngram")
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                             "--k", "70", "--max-len", "64"), "--k 70", "--max-len")
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "model"),
+                     "--draft")
+
+
+def test_draft_vocabulary_mismatch(tiny_model, tmp_path):
+  other_cfg = CFG.replace(name="other", vocab_size=CFG.vocab_size + 5)
+  other = tmp_path / "other.gguf"
+  from tests import test_checkpoints as tc
+  tokens = tc.TOKENS + [f"<extra{i}>" for i in range(5)]
+  saved = (tc.TOKENS, tc.TOKEN_TYPES)
+  tc.TOKENS, tc.TOKEN_TYPES = tokens, tc.TOKEN_TYPES + [1] * 5
+  try:
+    write_gguf(other, other_cfg, random_hf_params(other_cfg, seed=4))
+  finally:
+    tc.TOKENS, tc.TOKEN_TYPES = saved
+  proc = specjax("generate", "--model", tiny_model, "--prompt", "hello", "--drafter", "model", "--draft",
+                 str(other), "--max-new-tokens", "4")
+  assert_clean_error(proc, "vocabulary", "tokenizer")

@@ -36,3 +36,51 @@ def test_decoding_more_tokens_compiles_nothing_new():
   assert n() == 0, f"{n()} compilations after warm-up"
   assert b.num_new_B.tolist() == [40, 17] and a.num_new_B.tolist() == [3, 3]
   assert int(c.stats.iterations) > 0
+
+
+def test_spec_step_compiles_once_for_any_k_active_and_content():
+  """The step-at-a-time API: varying k_active, acceptance and prompt content compiles nothing new."""
+  cfg = config.TINY
+  params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
+  drafter = speculative.ModelDrafter(cfg.replace(num_layers=1), buckets=(16, 32, 64))   # layer-skip draft
+  engine = speculative.Engine(cfg=cfg, drafter=drafter, k_max=4, sp=sampling.SamplingParams(),
+                              buckets=(16, 32, 64))
+  draft = speculative.layer_subset(params, (0,))
+
+  def run(prompt, k_actives):
+    B = prompt.shape[0]
+    state = speculative.init_jit(engine, params, draft, kv_cache.init_cache(cfg, B, 64), jnp.asarray(prompt),
+                                 jnp.full((B,), prompt.shape[1]), jnp.full((B,), 40), jax.random.PRNGKey(0))
+    for k in k_actives:
+      state = speculative.step_jit(engine, params, draft, state, jnp.asarray(k, jnp.int32))
+    return jax.block_until_ready(state)
+
+  run(np.array([[3, 4, 5, 6]] * 2, np.int32), [[4, 4]])            # warm-up
+  with count_compiles() as n:
+    a = run(np.array([[3, 4, 5, 6]] * 2, np.int32), [[4, 4], [1, 3], [0, 2], [2, 2]])
+    b = run(np.array([[9, 9, 1, 2], [7, 1, 7, 1]], np.int32), [[3, 0], [4, 4], [1, 1]])
+  assert n() == 0, f"{n()} compilations after warm-up"
+  assert int(a.stats.iterations) == 4 and int(b.stats.iterations) == 3
+  assert np.asarray(a.stats.pos_reached_K)[3] <= 2   # k_active masked the later slots
+
+
+def test_whole_generation_is_one_device_loop_without_transfers():
+  """One compiled executable holds prefill and the whole while-loop: no host callback in it, and running it
+  with device-resident inputs performs no host<->device transfer (transfer guard set to disallow)."""
+  cfg = config.TINY
+  params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
+  engine = speculative.Engine(cfg=cfg, drafter=speculative.NgramDrafter(2), k_max=3,
+                              sp=sampling.SamplingParams(temperature=1.0), buckets=(16, 32, 64))
+  B = 2
+  args = (params, (), kv_cache.init_cache(cfg, B, 64), jnp.array([[3, 4, 3, 4], [5, 6, 5, 6]]),
+          jnp.array([4, 4]), jnp.array([30, 30]), jnp.array([3, 3]), jax.random.PRNGKey(0))
+  hlo = speculative.generate.lower(*args, engine=engine).compile().as_text()
+  assert "while" in hlo
+  assert "callback" not in hlo.lower()
+  speculative.generate(*args, engine=engine)   # compile
+  args = args[:2] + (kv_cache.init_cache(cfg, B, 64),) + args[3:]
+  jax.block_until_ready(args)
+  with jax.transfer_guard("disallow"):
+    out = speculative.generate(*args, engine=engine)
+    jax.block_until_ready(out)
+  assert int(out.stats.iterations) > 0

@@ -71,3 +71,14 @@ def test_cli_score_json_contract():
   obj = json.loads(proc.stdout)            # exactly one JSON object on stdout
   assert set(obj) >= {"tokens", "logprobs", "perplexity"}
   assert len(obj["logprobs"]) == len(obj["tokens"]) - 1
+
+
+def test_speculative_greedy_equals_plain_greedy_on_real_model(smollm):
+  prompts = ["Summarize: The city council voted on Tuesday to extend the bus line to the airport. The "
+             "extension will open next year and add four stops.", "List three fruits."]
+  base, _ = specjax.generate(smollm, prompts, max_new_tokens=24)
+  for drafter, k, layers in [("ngram", 4, None), ("layerskip", 2, "0,1,2,3,26,27,28,29")]:
+    outs, stats = specjax.generate(smollm, prompts, max_new_tokens=24, drafter=drafter, k=k,
+                                   draft_layers=layers)
+    assert [o.token_ids for o in outs] == [b.token_ids for b in base], drafter
+    assert stats["drafted_tokens"] > 0

@@ -1,0 +1,20 @@
+"""Shared setup for experiments: load the model, pick prompts, build the batches every method runs on."""
+from __future__ import annotations
+
+from specjax import api, bench
+from specjax.prompts import Prompt, load_prompts
+
+
+def pick_prompts(prompts: str, categories=None, per_category: int | None = None,
+                 limit: int | None = None) -> list[Prompt]:
+  """Prompts from a file (or the built-in set), at most ``per_category`` of each category, then ``limit``."""
+  return load_prompts(prompts, categories, limit=limit, per_category=per_category)
+
+
+def setup(model: str, prompts: list[Prompt], batch_size: int, max_new_tokens: int, max_len: int,
+          dtype: str = "float32", draft: str | None = None, log=print):
+  m = api.load(model, dtype=dtype)
+  d = api.load(draft, dtype=dtype) if draft else None
+  batches = bench.make_batches(m, prompts, batch_size, max_new_tokens, max_len)
+  log(f"[experiment] {model}: {len(prompts)} prompts, batch {batch_size}, {max_new_tokens} new tokens")
+  return m, d, batches
