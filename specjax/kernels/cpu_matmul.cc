@@ -3,7 +3,7 @@
 // Why: a decode step is a chain of matrix-vector products that must stream every weight from DRAM once.
 // XLA:CPU reaches about 2/3 of the machine's read bandwidth on them and switches to a packing GEMM as soon as
 // M > 1, which makes verifying k drafted tokens cost almost twice a plain step.  This kernel streams each
-// weight row once for all M rows (the rows of x stay in L1/L2), split over a persistent thread pool.
+// weight row once for all M rows (the rows of x stay in L1/L2), split over XLA's intra-op thread pool.
 //
 // Exposed to JAX as the XLA FFI target "specjax_matmul_t" (see cpu_matmul.py, which also holds the
 // reference implementation and builds this file with the system C++ compiler on first use).
@@ -13,8 +13,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <thread>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -138,75 +136,32 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) { RowBlockPortable(t, n0, n
 
 // A persistent pool: the caller runs part 0, workers run parts 1..P-1.  Workers spin briefly between calls
 // (decode issues ~120 calls per step a few microseconds apart), then sleep on the generation counter.
-class Pool {
- public:
-  explicit Pool(int parts) : parts_(std::max(1, parts)) {
-    for (int i = 1; i < parts_; ++i) threads_.emplace_back([this, i] { Worker(i); });
+// Rows of w are split into ``parts`` contiguous ranges (multiples of 16 rows) run on XLA's own intra-op
+// thread pool, the caller taking part 0.  Using XLA's pool rather than threads of our own matters: XLA's
+// workers keep spinning after its multi-threaded operations (attention), and a second pool would fight them
+// for the same cores.
+void RunParts(const Task& t, ffi::ThreadPool& pool) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), (t.N + 15) / 16));
+  const int64_t per = ((t.N + parts - 1) / parts + 15) / 16 * 16;
+  auto part = [&t, per](int64_t i) {
+    const int64_t n0 = std::min(t.N, per * i), n1 = std::min(t.N, per * (i + 1));
+    if (n0 < n1) RowBlock(t, n0, n1);
+  };
+  std::atomic<int64_t> remaining{parts - 1};
+  for (int64_t i = 1; i < parts; ++i) {
+    pool.Schedule([&part, &remaining, i] {
+      part(i);
+      remaining.fetch_sub(1, std::memory_order_acq_rel);
+    });
   }
-  ~Pool() {
-    stop_.store(true);
-    generation_.fetch_add(1);
-    generation_.notify_all();
-    for (auto& th : threads_) th.join();
+  part(0);
+  while (remaining.load(std::memory_order_acquire) != 0) {
+    _mm_pause();
   }
-  int parts() const { return parts_; }
-
-  void Run(const Task& task) {
-    task_ = task;
-    remaining_.store(parts_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    generation_.notify_all();
-    Part(0);
-    while (remaining_.load(std::memory_order_acquire) != 0) {
-    }
-  }
-
- private:
-  void Part(int i) {
-    const int64_t N = task_.N;
-    // Split rows in multiples of 16 so each part streams whole cache lines of y.
-    const int64_t per = ((N + parts_ - 1) / parts_ + 15) / 16 * 16;
-    const int64_t n0 = std::min<int64_t>(N, per * i), n1 = std::min<int64_t>(N, per * (i + 1));
-    if (n0 < n1) RowBlock(task_, n0, n1);
-  }
-
-  void Worker(int i) {
-    uint64_t seen = 0;  // the initial generation: a Run() issued before this thread started is not missed
-    while (true) {
-      uint64_t g;
-      int spins = 0;
-      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
-        if (++spins > 200000) {
-          generation_.wait(seen, std::memory_order_acquire);
-          spins = 0;
-        }
-      }
-      seen = g;
-      if (stop_.load()) return;
-      Part(i);
-      remaining_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-  }
-
-  const int parts_;
-  std::vector<std::thread> threads_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> remaining_{0};
-  std::atomic<bool> stop_{false};
-  Task task_{};
-};
-
-int ThreadCount() {
-  if (const char* env = std::getenv("SPECJAX_CPU_THREADS")) return std::max(1, std::atoi(env));
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
-Pool& GetPool() {
-  static Pool* pool = new Pool(ThreadCount());  // never destroyed: lives as long as the process
-  return *pool;
-}
-
-ffi::Error MatmulT(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) {
@@ -214,9 +169,9 @@ ffi::Error MatmulT(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Result
   }
   Task t{x.typed_data(), w.typed_data(), y->typed_data(), xd[0], wd[0], xd[1]};
   if (t.M * t.N * t.D < (int64_t{1} << 16)) {
-    RowBlock(t, 0, t.N);  // too small to be worth waking the pool
+    RowBlock(t, 0, t.N);  // too small to be worth splitting
   } else {
-    GetPool().Run(t);
+    RunParts(t, pool);
   }
   return ffi::Error::Success();
 }
@@ -225,6 +180,7 @@ ffi::Error MatmulT(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Result
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulT, MatmulT,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
