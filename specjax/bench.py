@@ -19,7 +19,7 @@ from specjax import decode, sampling
 from specjax import speculative as spec
 from specjax.api import (Model, build_drafter, check_fits, compiled_generate, encode_prompts, make_engine,
                          pad_batch, parse_layers, prompt_bucket, spec_metrics)
-from specjax.kv_cache import init_cache
+from specjax.kv_cache import cache_bytes, init_cache
 from specjax.prompts import Prompt
 
 
@@ -57,8 +57,7 @@ def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str,
 
 
 def kv_bytes_per_token(m: Model) -> int:
-  cfg = m.cfg
-  return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4   # k and v, fp32 cache
+  return cache_bytes(m.cfg, batch_size=1, max_len=1)   # k and v of one position, fp32 cache
 
 
 def _run_once(m: Model, engine, draft_params, arr, lens, max_new: int, max_len: int, k_max: int):
