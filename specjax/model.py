@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.kv_cache import KVCache
 
 Params = dict[str, Any]
@@ -306,7 +306,13 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
   bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + T).astype(jnp.int32)
 
+  native_attention = cpu_attention.applies(T, dtype, cache.k.dtype)
+  new_mask_BxTxT = extra_mask_BxTxT if extra_mask_BxTxT is not None else jnp.ones((B, T, T), bool)
+
   def attend_layer(q, k_all, v_all, layer):
+    if native_attention:   # reads each sequence's live slots straight from the buffer: no window needed
+      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, new_mask_BxTxT)
+
     def over(w):
       return lambda q, k_all, v_all: attend(q, k_all[layer, :, :w].astype(dtype),
                                             v_all[layer, :, :w].astype(dtype), mask_BxTxW[:, :, :w])

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -134,30 +135,15 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) {
 void RowBlock(const Task& t, int64_t n0, int64_t n1) { RowBlockPortable(t, n0, n1); }
 #endif
 
-// A persistent pool: the caller runs part 0, workers run parts 1..P-1.  Workers spin briefly between calls
-// (decode issues ~120 calls per step a few microseconds apart), then sleep on the generation counter.
-// Rows of w are split into ``parts`` contiguous ranges (multiples of 16 rows) run on XLA's own intra-op
-// thread pool, the caller taking part 0.  Using XLA's pool rather than threads of our own matters: XLA's
-// workers keep spinning after its multi-threaded operations (attention), and a second pool would fight them
-// for the same cores.
+// Rows of w are split into blocks of 64 rows, taken in turn by the caller and helpers on XLA's own intra-op
+// thread pool (see parallel.h).  Using XLA's pool rather than threads of our own matters: XLA's workers keep
+// spinning after its multi-threaded operations (attention), and a second pool would fight them for the cores.
 void RunParts(const Task& t, ffi::ThreadPool& pool) {
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), (t.N + 15) / 16));
-  const int64_t per = ((t.N + parts - 1) / parts + 15) / 16 * 16;
-  auto part = [&t, per](int64_t i) {
-    const int64_t n0 = std::min(t.N, per * i), n1 = std::min(t.N, per * (i + 1));
-    if (n0 < n1) RowBlock(t, n0, n1);
-  };
-  std::atomic<int64_t> remaining{parts - 1};
-  for (int64_t i = 1; i < parts; ++i) {
-    pool.Schedule([&part, &remaining, i] {
-      part(i);
-      remaining.fetch_sub(1, std::memory_order_acq_rel);
-    });
-  }
-  part(0);
-  while (remaining.load(std::memory_order_acquire) != 0) {
-    _mm_pause();
-  }
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (t.N + kBlock - 1) / kBlock;
+  specjax::ParallelFor(pool, blocks, pool.num_threads() - 1, [&t](int64_t i) {
+    RowBlock(t, i * kBlock, std::min(t.N, (i + 1) * kBlock));
+  });
 }
 
 ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,

@@ -1,0 +1,270 @@
+// specjax CPU kernel: attention of a few new query rows (a decode or verification step) over the KV cache.
+//
+//   out[b, t, h, :] = softmax_j(q[b, t, h] . k[layer, b, j, h / G] / sqrt(E)) . v[layer, b, j, h / G]
+//
+// over the slots j query t may see: every committed slot j < lengths[b], and the new slots
+// lengths[b] + u for u <= t with mask[b, t, u] (causal, optionally restricted further by a token tree).
+//
+// Why: XLA:CPU has to read a fixed window of cache slots (the live part is data), transposes or copies it,
+// and runs the small products and the softmax as separate passes; at a 700-token context that costs more
+// than the layer's matmuls.  This kernel reads only each sequence's live slots, straight from the cache
+// buffer [L, B, S, K, E] (no slice, no copy), with a vectorised exp, split over XLA's intra-op thread pool.
+//
+// Exposed as the XLA FFI target "specjax_attend_cache" (see cpu_attention.py, which holds the reference).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct Args {
+  const float* q;        // [B, T, H, E]
+  const float* k;        // [L, B, S, K, E]
+  const float* v;        // [L, B, S, K, E]
+  const int32_t* lengths;  // [B]
+  const bool* mask;      // [B, T, T]
+  float* out;            // [B, T, H, E]
+  int64_t layer, B, T, H, E, S, K, G;
+  float scale;
+};
+
+// exp(x) for x <= 0 (scores minus their max), written so the compiler vectorises the loop calling it:
+// 2^(x log2 e) = 2^n * 2^f with |f| <= 1/2, 2^f by its Taylor series to degree 6 (relative error < 2e-7).
+#pragma omp declare simd
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.4426950408889634f;
+  const float n = std::floor(t + 0.5f);
+  const float f = (t - n) * 0.6931471805599453f;  // e^f with |f| <= ln2 / 2
+  float p = 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return p * two_n;
+}
+
+// One unit of work: the G query heads of kv head kh at new position t of sequence b.
+void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, S] */) {
+  const int64_t E = a.E, G = a.G, KE = a.K * E;
+  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);  // slots [0, last) are candidates
+  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const bool* m = a.mask + (b * a.T + t) * a.T;
+  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
+
+  // Scores, G query heads at a time per key row (the key row is loaded once for all of them).
+  for (int64_t j = 0; j < last; ++j) {
+    const float* kr = kb + j * KE;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qr = qrow + g * E;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t e = 0; e < E; ++e) s += qr[e] * kr[e];
+      scores[g * a.S + j] = s * a.scale;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores + g * a.S;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < last; ++j) {
+      const bool visible = j < ctx || m[j - ctx];
+      if (!visible) sg[j] = -INFINITY;
+      mx = std::max(mx, sg[j]);
+    }
+    if (mx == -INFINITY) mx = 0.f;  // nothing visible: the row comes out zero
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < last; ++j) {
+      const float p = ExpNonPositive(sg[j] - mx);
+      sg[j] = p;
+      sum += p;
+    }
+    for (int64_t j = ctx; j < last; ++j)  // exactly zero for masked new slots
+      if (!m[j - ctx]) sum -= sg[j], sg[j] = 0.f;
+    const float inv = sum > 0.f ? 1.0f / sum : 0.f;
+#pragma omp simd
+    for (int64_t j = 0; j < last; ++j) sg[j] *= inv;
+  }
+  // Weighted sum of value rows, accumulated in the output rows (they stay in L1).
+  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
+  for (int64_t i = 0; i < G * E; ++i) orow[i] = 0.f;
+  for (int64_t j = 0; j < last; ++j) {
+    const float* vr = vb + j * KE;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * a.S + j];
+      float* o = orow + g * E;
+#pragma omp simd
+      for (int64_t e = 0; e < E; ++e) o[e] += p * vr[e];
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// exp(x) for x <= 0, 16 lanes: 2^n * e^f with n = round(x log2 e), |f| <= ln2 / 2, e^f by Taylor to degree 6.
+inline __m512 Exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.6931471805599453f), x);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The same unit for head sizes E = 16 * EC: each query row is held in EC registers, key and value rows are
+// read in 16-float chunks (four key rows per pass), and the softmax runs 16 slots at a time.
+template <int EC>
+void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+  constexpr int64_t E = EC * 16;
+  const int64_t G = a.G, KE = a.K * E;
+  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);
+  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const bool* m = a.mask + (b * a.T + t) * a.T;
+  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
+  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores;
+    __m512 qv[EC];
+    for (int c = 0; c < EC; ++c) qv[c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + g * E + 16 * c), _mm512_set1_ps(a.scale));
+    int64_t j = 0;
+    for (; j + 4 <= last; j += 4) {
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+      const float* k0 = kb + j * KE;
+      for (int c = 0; c < EC; ++c) {
+        s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k0 + 16 * c), s0);
+        s1 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k0 + KE + 16 * c), s1);
+        s2 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k0 + 2 * KE + 16 * c), s2);
+        s3 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k0 + 3 * KE + 16 * c), s3);
+      }
+      sg[j] = _mm512_reduce_add_ps(s0);
+      sg[j + 1] = _mm512_reduce_add_ps(s1);
+      sg[j + 2] = _mm512_reduce_add_ps(s2);
+      sg[j + 3] = _mm512_reduce_add_ps(s3);
+    }
+    for (; j < last; ++j) {
+      __m512 s0 = _mm512_setzero_ps();
+      for (int c = 0; c < EC; ++c) s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + j * KE + 16 * c), s0);
+      sg[j] = _mm512_reduce_add_ps(s0);
+    }
+    // Softmax over the visible slots (masked new slots get exactly zero weight).
+    for (int64_t i = ctx; i < last; ++i)
+      if (!m[i - ctx]) sg[i] = -INFINITY;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (j = 0; j < last; j += 16) {
+      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, sg + j));
+    }
+    float mxs = _mm512_reduce_max_ps(mx);
+    if (mxs == -INFINITY) mxs = 0.f;
+    const __m512 mxv = _mm512_set1_ps(mxs);
+    for (j = 0; j < last; j += 16) {
+      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+      _mm512_mask_storeu_ps(sg + j, k, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + j), mxv)));
+    }
+    for (int64_t i = ctx; i < last; ++i)  // masked slots: exactly zero (their exp only underflows to ~1e-38)
+      if (!m[i - ctx]) sg[i] = 0.f;
+    __m512 sum = _mm512_setzero_ps();
+    for (j = 0; j < last; j += 16) {
+      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+      sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(k, sg + j));
+    }
+    const float total = _mm512_reduce_add_ps(sum);
+    const float inv = total > 0.f ? 1.0f / total : 0.f;
+    // Weighted sum of value rows in EC registers.
+    __m512 acc[EC];
+    for (int c = 0; c < EC; ++c) acc[c] = _mm512_setzero_ps();
+    for (j = 0; j < last; ++j) {
+      const __m512 p = _mm512_set1_ps(sg[j]);
+      const float* vr = vb + j * KE;
+      for (int c = 0; c < EC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < EC; ++c) _mm512_storeu_ps(orow + g * E + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+  }
+}
+#endif
+
+void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+#if defined(__AVX512F__)
+  switch (a.E) {
+    case 16: return UnitAvx512<1>(a, b, kh, t, scores);
+    case 32: return UnitAvx512<2>(a, b, kh, t, scores);
+    case 64: return UnitAvx512<4>(a, b, kh, t, scores);
+    case 128: return UnitAvx512<8>(a, b, kh, t, scores);
+    default: break;
+  }
+#endif
+  Unit(a, b, kh, t, scores);
+}
+
+ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                       ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths,
+                       ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  if (qd.size() != 4 || kd.size() != 5 || v.dimensions() != kd || kd[1] != qd[0] || kd[4] != qd[3] ||
+      qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.element_count() != qd[0] * qd[1] * qd[1]) {
+    return ffi::Error::InvalidArgument(
+        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,T]");
+  }
+  Args a;
+  a.q = q.typed_data();
+  a.k = k.typed_data();
+  a.v = v.typed_data();
+  a.lengths = lengths.typed_data();
+  a.mask = mask.typed_data();
+  a.out = out->typed_data();
+  a.B = qd[0], a.T = qd[1], a.H = qd[2], a.E = qd[3];
+  a.S = kd[2], a.K = kd[3], a.G = a.H / a.K;
+  a.layer = layer.typed_data()[0];
+  if (a.layer < 0 || a.layer >= kd[0]) return ffi::Error::InvalidArgument("layer index out of range");
+  a.scale = 1.0f / std::sqrt(static_cast<float>(a.E));
+
+  const int64_t units = a.B * a.K * a.T;
+  int64_t work = 0;  // roughly the multiply-adds, to decide whether threads are worth waking
+  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + a.T) * a.T;
+  work *= a.H * a.E * 2;
+  const int64_t helpers = work < (int64_t{1} << 17) ? 0 : pool.num_threads() - 1;
+  specjax::ParallelFor(pool, units, helpers, [&a](int64_t u) {
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(a.G * a.S));
+    const int64_t t = u % a.T, kh = (u / a.T) % a.K, b = u / (a.T * a.K);
+    RunUnit(a, b, kh, t, scores.data());
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttendCache, AttendCache,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,0 +1,77 @@
+"""A native CPU kernel for the attention of a decode or verification step over the KV cache.
+
+``attend_cache`` computes, for T ≤ ``MAX_ROWS`` new query rows per sequence, grouped-query attention over
+each sequence's live cache slots of one layer: committed slots ``j < lengths[b]`` and the new slots
+``lengths[b] + u`` for ``u ≤ t`` allowed by ``mask[b, t, u]`` (causal, or a token tree's ancestor mask).  It
+reads the cache buffer [L, B, S, K, E] in place, so no window is sliced or copied.  ``attend_cache_reference``
+is the same computation in plain XLA; the kernel is ``cpu_attention.cc`` (built by ``native.py``), used only
+on the CPU for float32, with gradients through the reference.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from specjax.kernels import native
+
+MAX_ROWS = 16
+TARGET = "specjax_attend_cache"
+
+
+def visible_slots(lengths_B: jax.Array, mask_BxTxT: jax.Array, S: int) -> jax.Array:
+  """[B, T, S] bool: committed slots, plus the new slots at or before each query that the mask allows."""
+  T = mask_BxTxT.shape[1]
+  rel_BxTxS = jnp.arange(S)[None, None, :] - lengths_B[:, None, None]
+  t_1xTx1 = jnp.arange(T)[None, :, None]
+  idx = jnp.broadcast_to(jnp.clip(rel_BxTxS, 0, T - 1), (lengths_B.shape[0], T, S))
+  new_ok = (rel_BxTxS >= 0) & (rel_BxTxS <= t_1xTx1) & jnp.take_along_axis(mask_BxTxT, idx, axis=2)
+  return (rel_BxTxS < 0) | new_ok
+
+
+def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
+  """Plain-XLA reference: [B, T, H, E]."""
+  B, T, H, E = q_BxTxHxE.shape
+  S, K = k_LxBxSxKxE.shape[2], k_LxBxSxKxE.shape[3]
+  k, v = k_LxBxSxKxE[layer], v_LxBxSxKxE[layer]
+  q = q_BxTxHxE.reshape(B, T, K, H // K, E)
+  scores = jnp.einsum("btkge,bske->btkgs", q, k) / math.sqrt(E)
+  visible = visible_slots(lengths_B, mask_BxTxT, S)[:, :, None, None, :]
+  scores = jnp.where(visible, scores, -jnp.inf)
+  probs = jax.nn.softmax(scores, axis=-1)
+  probs = jnp.where(visible, probs, 0.0)
+  return jnp.einsum("btkgs,bske->btkge", probs, v).reshape(B, T, H, E)
+
+
+@jax.custom_vjp
+def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
+  native.require()
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q_BxTxHxE.shape, jnp.float32))(
+      q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, jnp.asarray(layer, jnp.int32), lengths_B.astype(jnp.int32),
+      mask_BxTxT.astype(bool))
+
+
+def _fwd(q, k, v, layer, lengths, mask):
+  return attend_cache_native(q, k, v, layer, lengths, mask), (q, k, v, layer, lengths, mask)
+
+
+def _bwd(res, d_out):
+  q, k, v, layer, lengths, mask = res
+  _, vjp = jax.vjp(lambda q, k, v: attend_cache_reference(q, k, v, layer, lengths, mask), q, k, v)
+  return (*vjp(d_out), None, None, None)
+
+
+attend_cache_native.defvjp(_fwd, _bwd)
+
+
+def applies(T: int, q_dtype, cache_dtype) -> bool:
+  """Whether the kernel serves T new rows per sequence (few rows, float32 queries and cache, CPU)."""
+  return T <= MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32 and native.available()
+
+
+def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
+  """The native kernel when it applies, else the reference."""
+  if applies(q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
+    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT)
+  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT)
