@@ -11,7 +11,9 @@
 // buffer [L, B, S, K, E] (no slice, no copy), with a vectorised exp, split over XLA's intra-op thread pool.
 //
 // Exposed as the XLA FFI target "specjax_attend_cache" (see cpu_attention.py, which holds the reference).
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>

@@ -7,12 +7,12 @@
 //
 // Exposed to JAX as the XLA FFI target "specjax_matmul_t" (see cpu_matmul.py, which also holds the
 // reference implementation and builds this file with the system C++ compiler on first use).
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
