@@ -16,6 +16,24 @@ def default_candidates(num_layers: int) -> list[tuple[int, ...]]:
   return list(dict.fromkeys(cands))
 
 
+def describe(layers: tuple[int, ...], num_layers: int) -> str:
+  """A short label: 'first 5' for a prefix, else the skipped ranges, e.g. 'skip 15-21'."""
+  layers = tuple(layers)
+  if layers == tuple(range(len(layers))):
+    return f"first {len(layers)}"
+  skipped = [i for i in range(num_layers) if i not in layers]
+  runs, start = [], None
+  for i in skipped + [None]:
+    if start is None:
+      start = prev = i
+    elif i is not None and i == prev + 1:
+      prev = i
+    else:
+      runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+      start = prev = i
+  return "skip " + ",".join(runs)
+
+
 def layerskip_search(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
                      per_category: int | None = 1, limit: int | None = None, k: int = 3,
                      max_new_tokens: int = 48, max_len: int = 2048, candidates=None, log=print) -> dict:
@@ -30,7 +48,7 @@ def layerskip_search(model: str = "smollm2-135m", prompts: str = "specjax-prompt
     log(f"[layerskip_search] {len(layers)} layers: {layers}")
     r = bench.measure_speculative(m, batches, ar, drafter="layerskip", k=k, max_new_tokens=max_new_tokens,
                                   max_len=max_len, eos_ids=eos, draft_layers=list(layers), log=lambda *_: None)
-    rows.append({"layers": len(layers), "skipped": [i for i in range(m.cfg.num_layers) if i not in layers],
+    rows.append({"subset": describe(layers, m.cfg.num_layers), "layers": len(layers), "skipped": [i for i in range(m.cfg.num_layers) if i not in layers],
                  "k": k, "mean_accepted_length": r["mean_accepted_length"],
                  "acceptance_rate": r["acceptance_rate"], "draft_ms": r["draft_ms"], "verify_ms": r["verify_ms"],
                  "predicted_speedup": r["predicted_speedup"], "speedup": r["speedup"],
@@ -41,5 +59,7 @@ def layerskip_search(model: str = "smollm2-135m", prompts: str = "specjax-prompt
           "rows": rows,
           "summary": {"best_draft_layers": best["draft_layers"], "best_speedup": best["speedup"],
                       "best_tau": best["mean_accepted_length"], "ar_tokens_per_s": ar["ar_tokens_per_s"]},
-          "plots": [{"file": "layerskip_tau.png", "x": "layers", "y": "mean_accepted_length", "kind": "bar",
-                     "title": "τ by draft depth (layers kept)"}]}
+          "plots": [{"file": "layerskip_tau.png", "x": "subset", "y": "mean_accepted_length", "kind": "bar",
+                     "title": "τ by draft layer subset", "xlabel": "draft layers"},
+                    {"file": "layerskip_speedup.png", "x": "subset", "y": "speedup", "kind": "bar",
+                     "title": "measured speedup by draft layer subset", "xlabel": "draft layers"}]}
