@@ -131,3 +131,20 @@ def test_draft_vocabulary_mismatch(tiny_model, tmp_path):
   proc = specjax("generate", "--model", tiny_model, "--prompt", "hello", "--drafter", "model", "--draft",
                  str(other), "--max-new-tokens", "4")
   assert_clean_error(proc, "vocabulary", "tokenizer")
+
+
+def test_bench_json_reports_speculative_metrics(tiny_model, tmp_path):
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text("".join(f'{{"question_id": {i}, "category": "qa", "turns": ["the world the world {i}"]}}\n'
+                             for i in range(3)))
+  proc = specjax("bench", "--model", tiny_model, "--prompts", str(prompts), "--batch-size", "2",
+                 "--max-new-tokens", "6", "--max-len", "128", "--drafter", "ngram", "--k", "2", "--json")
+  assert proc.returncode == 0, proc.stderr
+  obj = json.loads(proc.stdout)
+  for key in ("ar_tokens_per_s", "spec_tokens_per_s", "speedup", "mean_accepted_length", "acceptance_rate",
+              "acceptance_by_position", "draft_ms", "verify_ms", "predicted_speedup", "efficiency",
+              "roofline_fraction"):
+    assert key in obj, key
+  assert obj["batch_size"] == 2 and obj["prompts"] == 3 and obj["k"] == 2
+  assert obj["speedup"] > 0 and obj["ar_tokens_per_s"] > 0 and obj["verify_ms"] > 0
+  assert 1.0 <= obj["mean_accepted_length"] <= 3.0 and len(obj["acceptance_by_position"]) == 2

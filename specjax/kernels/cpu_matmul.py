@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from specjax.kernels import native
 
-MAX_ROWS = 16
+MAX_ROWS = 32   # XLA's GEMM catches up at ~40-48 rows here (scripts/bench_kernels.py)
 TARGET = "specjax_matmul_t"
 available = native.available
 

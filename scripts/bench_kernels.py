@@ -1,0 +1,109 @@
+"""Microbenchmarks of the native CPU kernels, each against its XLA reference in the same process.
+
+  python scripts/bench_kernels.py [--json]
+
+1. matmul: a chain of 90 `x · wᵀ` products with 3072×576 weights (637 MB, far larger than the caches) for
+   M = 1..16 rows of x — what one decode (M = 1) or verification (M = k+1) step costs in matmuls.
+2. forward: one SmolLM2-135M-shaped forward (random weights, fp32) over T new tokens on top of a cache
+   holding `ctx` tokens, with the native attention kernel and with XLA attention (KV window buckets) —
+   the verification cost curve the speculative speedup depends on.
+Medians of repeated runs; absolute times drift on shared machines, compare within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import config, decode, model
+from specjax.kernels import cpu_attention, cpu_matmul, native
+from specjax.kv_cache import init_cache
+
+
+def median_ms(fn, *args, repeats=15):
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times)) * 1e3
+
+
+def bench_matmul(rows=(1, 2, 3, 5, 6, 9, 16, 24, 32, 48)):
+  ws = [jax.random.normal(jax.random.PRNGKey(i), (3072, 576)) for i in range(90)]
+  nbytes = sum(w.nbytes for w in ws)
+
+  def chain(mm):
+    def run(ws, x):
+      for w in ws:
+        x = jnp.tanh(mm(x, w))[:, :576]
+      return x
+    return jax.jit(run)
+
+  out = []
+  for M in rows:
+    x = jnp.full((M, 576), 0.01, jnp.float32)
+    xla = median_ms(chain(cpu_matmul.matmul_t_reference), ws, x)
+    nat = median_ms(chain(cpu_matmul.matmul_t_native), ws, x)
+    out.append({"rows": M, "xla_ms": xla, "native_ms": nat, "native_gbs": nbytes / nat / 1e6})
+    print(f"matmul M={M:2d}: XLA {xla:6.1f} ms  native {nat:6.1f} ms  ({nbytes / nat / 1e6:.1f} GB/s)", flush=True)
+  return out
+
+
+def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
+  cfg = config.SMOLLM2_135M
+  params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
+  S = 2048
+  buckets = decode.kv_buckets(S)
+  applies = cpu_attention.applies
+  table = {(ctx, T): {"context": ctx, "new_tokens": T} for ctx in contexts for T in rows}
+  for label, use_native in (("native_attention_ms", True), ("xla_attention_ms", False)):
+    cpu_attention.applies = applies if use_native else (lambda *a: False)
+    for T in rows:   # one compile per (variant, T); the context is data
+      # The cache is donated and fed back, as in the decode loop (else every call copies the whole buffer).
+      fwd = jax.jit(lambda p, t, pos, c: model.forward(p, cfg, t, pos, c, kv_buckets=buckets),
+                    donate_argnums=(3,))
+      cache = init_cache(cfg, 1, S)
+      for ctx in contexts:
+        lengths = jnp.full((1,), ctx, jnp.int32)
+        pos = ctx + jnp.arange(T, dtype=jnp.int32)[None]
+        toks = jnp.zeros((1, T), jnp.int32)
+        times = []
+        for i in range(16):
+          jax.block_until_ready(cache)
+          t0 = time.perf_counter()
+          out = fwd(params, toks, pos, cache.with_lengths(lengths))
+          jax.block_until_ready(out.logits)
+          times.append(time.perf_counter() - t0)
+          cache = out.cache
+        ms = float(np.median(times[1:])) * 1e3      # the first call compiles
+        table[ctx, T][label] = ms
+        print(f"forward {label[:-3]:>16} ctx={ctx:4d} T={T}: {ms:5.1f} ms", flush=True)
+  cpu_attention.applies = applies
+  out = list(table.values())
+  for r in out:   # verification cost relative to a one-token step at the same context
+    base = next(b for b in out if b["context"] == r["context"] and b["new_tokens"] == 1)
+    r["native_vs_one_token"] = r["native_attention_ms"] / base["native_attention_ms"]
+    r["xla_vs_one_token"] = r["xla_attention_ms"] / base["xla_attention_ms"]
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--json", action="store_true", help="print the results as JSON at the end")
+  args = ap.parse_args()
+  if not native.available():
+    raise SystemExit("the native kernels are not available here (SPECJAX_NATIVE=0, no compiler, or not a CPU)")
+  result = {"backend": jax.default_backend(), "jax": jax.__version__, "matmul": bench_matmul(),
+            "forward": bench_forward()}
+  if args.json:
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+  main()
