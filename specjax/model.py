@@ -156,10 +156,11 @@ def cast_params(params: Params, dtype) -> Params:
 # Building blocks
 
 
-def linear(x_BxTxD: jax.Array, w_NxD: jax.Array) -> jax.Array:
-  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs, else XLA."""
+def linear(x_BxTxD: jax.Array, w_NxD: jax.Array, live_T=None) -> jax.Array:
+  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs, else XLA.
+  ``live_T`` (traced): only the first live_T tokens of each sequence matter; the rest come out zero."""
   B, T, D = x_BxTxD.shape
-  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD).reshape(B, T, w_NxD.shape[0])
+  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T).reshape(B, T, w_NxD.shape[0])
 
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
@@ -274,7 +275,7 @@ def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
             kv_window: int | None = None, head_index_B: jax.Array | None = None,
-            kv_buckets: tuple[int, ...] | None = None) -> ForwardOutput:
+            kv_buckets: tuple[int, ...] | None = None, live_T: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   Args:
@@ -289,6 +290,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
       context does not pay for the empty end of a long buffer and nothing recompiles as sequences grow.
     head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
       prompt position): logits and hidden are then [B, 1, ...].
+    live_T: optional traced count ≤ T: only each sequence's first live_T new tokens matter (a verification
+      whose later draft slots are empty this step).  The native CPU kernels skip the others, so the step
+      costs what live_T tokens cost; their logits are zero (XLA paths compute and zero them) and their KV
+      entries, written past the committed length, are garbage that later steps overwrite.
   Returns:
     ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T).
   """
@@ -311,7 +316,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
 
   def attend_layer(q, k_all, v_all, layer):
     if native_attention:   # reads each sequence's live slots straight from the buffer: no window needed
-      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, new_mask_BxTxT)
+      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, new_mask_BxTxT, live_T)
 
     def over(w):
       return lambda q, k_all, v_all: attend(q, k_all[layer, :, :w].astype(dtype),
@@ -324,7 +329,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     x_BxTxD, k_all, v_all = carry
     lp, layer = layer_in
     h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
-    qkv = linear(h, lp["w_qkv"])
+    qkv = linear(h, lp["w_qkv"], live_T)
     if cfg.qkv_bias:
       qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
@@ -334,10 +339,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     k_all = _write_slots(k_all, layer, k, lengths)
     v_all = _write_slots(v_all, layer, v, lengths)
     o = attend_layer(q, k_all, v_all, layer)
-    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"])
+    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"], live_T)
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
-    gate, up = jnp.split(linear(h, lp["w_gate_up"]), 2, axis=-1)
-    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"])
+    gate, up = jnp.split(linear(h, lp["w_gate_up"], live_T), 2, axis=-1)
+    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"], live_T)
     return (x_BxTxD, k_all, v_all), None
 
   carry = (x_BxTxD, cache.k, cache.v)
@@ -350,10 +355,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   if head_index_B is not None:
     x_BxTxD = jnp.take_along_axis(x_BxTxD, head_index_B[:, None, None], axis=1)
   hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
-  logits = lm_head(params, cfg, hidden)
+  logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T)
   return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T))
 
 
-def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array) -> jax.Array:
+def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None) -> jax.Array:
   head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-  return linear(hidden_BxTxD, head_VxD).astype(jnp.float32)
+  return linear(hidden_BxTxD, head_VxD, live_T).astype(jnp.float32)

@@ -68,3 +68,17 @@ def test_concurrent_calls_do_not_deadlock():
   total = jax.jit(lambda q, k, v: sum(ca.attend_cache_native(q, k, v, l, lengths, mask) for l in range(L)))
   want = sum(ca.attend_cache_reference(q, k, v, l, lengths, mask) for l in range(L))
   np.testing.assert_allclose(total(q, k, v), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("live", [0, 1, 4, 6])
+def test_live_rows_only(live):
+  """New rows t >= live are padding: zero; the others are what the full computation gives them."""
+  L, B, S, K, G, E, T = 2, 2, 64, 2, 3, 64, 6
+  q, k, v, lengths, mask = _inputs(7, L, B, S, K, G, E, T)
+  f = jax.jit(ca.attend_cache_native)
+  got = np.asarray(f(q, k, v, 1, lengths, mask, jnp.int32(live)))
+  full = np.asarray(f(q, k, v, 1, lengths, mask))
+  keep = (np.arange(T) < live)[None, :, None, None]
+  np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
+  ref = ca.attend_cache_reference(q, k, v, 1, lengths, mask, jnp.int32(live))
+  np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)

@@ -39,3 +39,20 @@ def test_gradient_matches_reference():
   g_ref = jax.grad(loss(cpu_matmul.matmul_t_reference), argnums=(0, 1))(x, w)
   for a, b in zip(g_native, g_ref):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("group,live", [(6, 1), (6, 4), (6, 6), (6, 0), (1, 1), (3, 2)])
+def test_live_rows_only(group, live):
+  """Rows r with r % group >= live are padding: zero, whatever x holds there; the live rows are exactly
+  what the full product gives them."""
+  rng = np.random.default_rng(group * 10 + live)
+  B = 2
+  x = jnp.asarray(rng.standard_normal((B * group, 96)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((200, 96)), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t_native, static_argnums=(3,))
+  got = np.asarray(f(x, w, jnp.int32(live), group))
+  full = np.asarray(jax.jit(cpu_matmul.matmul_t_native)(x, w))
+  keep = (np.arange(B * group) % group < live)[:, None]
+  np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
+  ref = cpu_matmul.matmul_t_reference(x, w, jnp.int32(live), group)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3)

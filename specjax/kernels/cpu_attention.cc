@@ -8,7 +8,7 @@
 // Why: XLA:CPU has to read a fixed window of cache slots (the live part is data), transposes or copies it,
 // and runs the small products and the softmax as separate passes; at a 700-token context that costs more
 // than the layer's matmuls.  This kernel reads only each sequence's live slots, straight from the cache
-// buffer [L, B, S, K, E] (no slice, no copy), with a vectorised exp, split over XLA's intra-op thread pool.
+// buffer [L, B, S, K, E] (no slice, no copy), with a vectorised exp, split over a few threads (parallel.h).
 //
 // Exposed as the XLA FFI target "specjax_attend_cache" (see cpu_attention.py, which holds the reference).
 #if defined(__AVX512F__)
@@ -223,13 +223,15 @@ void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
 
 ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                        ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths,
-                       ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out) {
+                       ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> live_rows,
+                       ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || v.dimensions() != kd || kd[1] != qd[0] || kd[4] != qd[3] ||
-      qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.element_count() != qd[0] * qd[1] * qd[1]) {
+      qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.element_count() != qd[0] * qd[1] * qd[1] ||
+      live_rows.element_count() != 1) {
     return ffi::Error::InvalidArgument(
-        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,T]");
+        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,T], live []");
   }
   Args a;
   a.q = q.typed_data();
@@ -244,15 +246,19 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   if (a.layer < 0 || a.layer >= kd[0]) return ffi::Error::InvalidArgument("layer index out of range");
   a.scale = 1.0f / std::sqrt(static_cast<float>(a.E));
 
-  const int64_t units = a.B * a.K * a.T;
+  // Only the first `live` new rows of each sequence matter (the rest are padded draft slots): zero the others.
+  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, a.T);
+  for (int64_t b = 0; b < a.B; ++b)
+    std::fill(a.out + (b * a.T + live) * a.H * a.E, a.out + (b + 1) * a.T * a.H * a.E, 0.0f);
+  const int64_t units = a.B * a.K * live;
   int64_t work = 0;  // roughly the multiply-adds, to decide whether threads are worth waking
-  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + a.T) * a.T;
+  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + live) * live;
   work *= a.H * a.E * 2;
-  const int64_t helpers = work < (int64_t{1} << 17) ? 0 : pool.num_threads() - 1;
-  specjax::ParallelFor(pool, units, helpers, [&a](int64_t u) {
+  const bool parallel = work >= (int64_t{1} << 17);
+  specjax::ParallelFor(pool.num_threads(), units, parallel, [&a, live](int64_t u) {
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(a.G * a.S));
-    const int64_t t = u % a.T, kh = (u / a.T) % a.K, b = u / (a.T * a.K);
+    const int64_t t = u % live, kh = (u / live) % a.K, b = u / (live * a.K);
     RunUnit(a, b, kh, t, scores.data());
   });
   return ffi::Error::Success();
@@ -269,4 +275,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttendCache, AttendCache,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -30,8 +30,8 @@ def visible_slots(lengths_B: jax.Array, mask_BxTxT: jax.Array, S: int) -> jax.Ar
   return (rel_BxTxS < 0) | new_ok
 
 
-def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
-  """Plain-XLA reference: [B, T, H, E]."""
+def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
+  """Plain-XLA reference: [B, T, H, E] (rows t ≥ ``live`` zero)."""
   B, T, H, E = q_BxTxHxE.shape
   S, K = k_LxBxSxKxE.shape[2], k_LxBxSxKxE.shape[3]
   k, v = k_LxBxSxKxE[layer], v_LxBxSxKxE[layer]
@@ -41,28 +41,38 @@ def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B
   scores = jnp.where(visible, scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1)
   probs = jnp.where(visible, probs, 0.0)
-  return jnp.einsum("btkgs,bske->btkge", probs, v).reshape(B, T, H, E)
+  out = jnp.einsum("btkgs,bske->btkge", probs, v).reshape(B, T, H, E)
+  if live is not None:
+    out = jnp.where((jnp.arange(T) < live)[None, :, None, None], out, 0.0)
+  return out
 
 
 @jax.custom_vjp
-def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
+def _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live):
   native.require()
   return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q_BxTxHxE.shape, jnp.float32))(
       q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, jnp.asarray(layer, jnp.int32), lengths_B.astype(jnp.int32),
-      mask_BxTxT.astype(bool))
+      mask_BxTxT.astype(bool), jnp.asarray(live, jnp.int32))
 
 
-def _fwd(q, k, v, layer, lengths, mask):
-  return attend_cache_native(q, k, v, layer, lengths, mask), (q, k, v, layer, lengths, mask)
+def _fwd(q, k, v, layer, lengths, mask, live):
+  return _native(q, k, v, layer, lengths, mask, live), (q, k, v, layer, lengths, mask, live)
 
 
 def _bwd(res, d_out):
-  q, k, v, layer, lengths, mask = res
-  _, vjp = jax.vjp(lambda q, k, v: attend_cache_reference(q, k, v, layer, lengths, mask), q, k, v)
-  return (*vjp(d_out), None, None, None)
+  q, k, v, layer, lengths, mask, live = res
+  _, vjp = jax.vjp(lambda q, k, v: attend_cache_reference(q, k, v, layer, lengths, mask, live), q, k, v)
+  return (*vjp(d_out), None, None, None, None)
 
 
-attend_cache_native.defvjp(_fwd, _bwd)
+_native.defvjp(_fwd, _bwd)
+
+
+def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
+  """The C++ kernel.  ``live`` (a traced count, default T): only the first ``live`` new rows of each
+  sequence are computed, the others come out zero at no cost (padded draft slots)."""
+  live = q_BxTxHxE.shape[1] if live is None else live
+  return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)
 
 
 def applies(T: int, q_dtype, cache_dtype) -> bool:
@@ -70,8 +80,8 @@ def applies(T: int, q_dtype, cache_dtype) -> bool:
   return T <= MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32 and native.available()
 
 
-def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT):
+def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
   """The native kernel when it applies, else the reference."""
   if applies(q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
-    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT)
-  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT)
+    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)
+  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)

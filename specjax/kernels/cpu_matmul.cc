@@ -3,7 +3,7 @@
 // Why: a decode step is a chain of matrix-vector products that must stream every weight from DRAM once.
 // XLA:CPU reaches about 2/3 of the machine's read bandwidth on them and switches to a packing GEMM as soon as
 // M > 1, which makes verifying k drafted tokens cost almost twice a plain step.  This kernel streams each
-// weight row once for all M rows (the rows of x stay in L1/L2), split over XLA's intra-op thread pool.
+// weight row once for all M rows (the rows of x stay in L1/L2), split over a few threads (parallel.h).
 //
 // Exposed to JAX as the XLA FFI target "specjax_matmul_t" (see cpu_matmul.py, which also holds the
 // reference implementation and builds this file with the system C++ compiler on first use).
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -22,9 +23,10 @@ namespace ffi = xla::ffi;
 namespace {
 
 struct Task {
-  const float* x;  // [M, D]
-  const float* w;  // [N, D]
-  float* y;        // [M, N]
+  const float* x;         // [rows, D]
+  const float* w;         // [N, D]
+  float* y;               // [rows, N]
+  const int64_t* row;     // [M]: the rows of x (and y) computed — all of them, or only the live ones
   int64_t M, N, D;
 };
 
@@ -38,7 +40,7 @@ void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
     const float* w2 = t.w + (n + 2) * D;
     const float* w3 = t.w + (n + 3) * D;
     for (int64_t m = 0; m < M; ++m) {
-      const float* xr = t.x + m * D;
+      const float* xr = t.x + t.row[m] * D;
       float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
 #pragma omp simd reduction(+ : a0, a1, a2, a3)
       for (int64_t d = 0; d < D; ++d) {
@@ -48,7 +50,7 @@ void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
         a2 += w2[d] * xv;
         a3 += w3[d] * xv;
       }
-      float* yr = t.y + m * N + n;
+      float* yr = t.y + t.row[m] * N + n;
       yr[0] = a0;
       yr[1] = a1;
       yr[2] = a2;
@@ -58,11 +60,11 @@ void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) {
     const float* wr = t.w + n * D;
     for (int64_t m = 0; m < M; ++m) {
-      const float* xr = t.x + m * D;
+      const float* xr = t.x + t.row[m] * D;
       float a = 0.f;
 #pragma omp simd reduction(+ : a)
       for (int64_t d = 0; d < D; ++d) a += wr[d] * xr[d];
-      t.y[m * N + n] = a;
+      t.y[t.row[m] * N + n] = a;
     }
   }
 }
@@ -73,6 +75,8 @@ void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
 template <int MB>
 inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool prefetch) {
   const int64_t D = t.D;
+  const float* xr[MB];
+  for (int i = 0; i < MB; ++i) xr[i] = t.x + t.row[m0 + i] * D;
   __m512 acc[MB][4];
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
@@ -88,7 +92,7 @@ inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool pre
     const __m512 w_0 = _mm512_loadu_ps(w0 + d), w_1 = _mm512_loadu_ps(w0 + D + d);
     const __m512 w_2 = _mm512_loadu_ps(w0 + 2 * D + d), w_3 = _mm512_loadu_ps(w0 + 3 * D + d);
     for (int i = 0; i < MB; ++i) {
-      const __m512 xv = _mm512_loadu_ps(t.x + (m0 + i) * D + d);
+      const __m512 xv = _mm512_loadu_ps(xr[i] + d);
       acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
       acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
@@ -100,7 +104,7 @@ inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool pre
     const __m512 w_0 = _mm512_maskz_loadu_ps(k, w0 + d), w_1 = _mm512_maskz_loadu_ps(k, w0 + D + d);
     const __m512 w_2 = _mm512_maskz_loadu_ps(k, w0 + 2 * D + d), w_3 = _mm512_maskz_loadu_ps(k, w0 + 3 * D + d);
     for (int i = 0; i < MB; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(k, t.x + (m0 + i) * D + d);
+      const __m512 xv = _mm512_maskz_loadu_ps(k, xr[i] + d);
       acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
       acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
@@ -108,7 +112,7 @@ inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool pre
     }
   }
   for (int i = 0; i < MB; ++i) {
-    float* yr = t.y + (m0 + i) * t.N + n;
+    float* yr = t.y + t.row[m0 + i] * t.N + n;
     for (int r = 0; r < 4; ++r) yr[r] = _mm512_reduce_add_ps(acc[i][r]);
   }
 }
@@ -135,29 +139,50 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) {
 void RowBlock(const Task& t, int64_t n0, int64_t n1) { RowBlockPortable(t, n0, n1); }
 #endif
 
-// Rows of w are split into blocks of 64 rows, taken in turn by the caller and helpers on XLA's own intra-op
-// thread pool (see parallel.h).  Using XLA's pool rather than threads of our own matters: XLA's workers keep
-// spinning after its multi-threaded operations (attention), and a second pool would fight them for the cores.
-void RunParts(const Task& t, ffi::ThreadPool& pool) {
+// Rows of w are split into blocks of 64 rows, taken in turn by the caller and the helper threads (see
+// parallel.h: they stay awake between the back-to-back kernels of a step, so no call waits for a wake-up).
+void RunParts(const Task& t, int64_t threads) {
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (t.N + kBlock - 1) / kBlock;
-  specjax::ParallelFor(pool, blocks, pool.num_threads() - 1, [&t](int64_t i) {
+  specjax::ParallelFor(threads, blocks, true, [&t](int64_t i) {
     RowBlock(t, i * kBlock, std::min(t.N, (i + 1) * kBlock));
   });
 }
 
+// rows = [group, live]: x's rows come in groups of `group` (a sequence's new tokens) of which only the first
+// `live` matter (the rest are padding, e.g. draft slots nobody proposed this step): those rows of y are set
+// to zero and cost nothing.
 ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::ResultBuffer<ffi::F32> y) {
+                   ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) {
-    return ffi::Error::InvalidArgument("specjax_matmul_t expects x [M, D] and w [N, D]");
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || rows.element_count() != 2) {
+    return ffi::Error::InvalidArgument("specjax_matmul_t expects x [M, D], w [N, D] and rows [group, live]");
   }
-  Task t{x.typed_data(), w.typed_data(), y->typed_data(), xd[0], wd[0], xd[1]};
-  if (t.M * t.N * t.D < (int64_t{1} << 16)) {
-    RowBlock(t, 0, t.N);  // too small to be worth splitting
+  const int64_t all = xd[0], N = wd[0], D = xd[1];
+  const int64_t group = std::max<int64_t>(rows.typed_data()[0], 1);
+  const int64_t live = std::clamp<int64_t>(rows.typed_data()[1], 0, group);
+  int64_t row_store[64];
+  std::vector<int64_t> row_heap;
+  int64_t* row = row_store;
+  if (all > 64) {
+    row_heap.resize(all);
+    row = row_heap.data();
+  }
+  int64_t M = 0;
+  for (int64_t r = 0; r < all; ++r) {
+    if (r % group < live) {
+      row[M++] = r;
+    } else {
+      std::fill_n(y->typed_data() + r * N, N, 0.0f);
+    }
+  }
+  Task t{x.typed_data(), w.typed_data(), y->typed_data(), row, M, N, D};
+  if (M == 0) return ffi::Error::Success();
+  if (M * N * D < (int64_t{1} << 16)) {
+    RowBlock(t, 0, N);  // too small to be worth splitting
   } else {
-    RunParts(t, pool);
+    RunParts(t, pool.num_threads());
   }
   return ffi::Error::Success();
 }
@@ -169,4 +194,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulT, MatmulT,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

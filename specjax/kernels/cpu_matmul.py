@@ -17,32 +17,51 @@ TARGET = "specjax_matmul_t"
 available = native.available
 
 
-def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array) -> jax.Array:
-  return jnp.einsum("md,nd->mn", x_MxD, w_NxD, preferred_element_type=jnp.float32).astype(x_MxD.dtype)
+def _live_mask(M: int, live, group: int) -> jax.Array:
+  """[M, 1] bool: rows r with r % group < live (rows come in groups of ``group``, the first ``live`` matter)."""
+  return (jnp.arange(M) % group < live)[:, None]
+
+
+def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
+  y = jnp.einsum("md,nd->mn", x_MxD, w_NxD, preferred_element_type=jnp.float32).astype(x_MxD.dtype)
+  if live is None:
+    return y
+  return jnp.where(_live_mask(x_MxD.shape[0], live, group), y, 0)
 
 
 @jax.custom_vjp
-def matmul_t_native(x_MxD: jax.Array, w_NxD: jax.Array) -> jax.Array:
+def _native(x_MxD: jax.Array, w_NxD: jax.Array, rows_2: jax.Array) -> jax.Array:
   native.require()
   M, N = x_MxD.shape[0], w_NxD.shape[0]
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((M, N), jnp.float32))(x_MxD, w_NxD)
+  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((M, N), jnp.float32))(x_MxD, w_NxD, rows_2)
 
 
-def _native_fwd(x_MxD, w_NxD):
-  return matmul_t_native(x_MxD, w_NxD), (x_MxD, w_NxD)
+def _native_fwd(x_MxD, w_NxD, rows_2):
+  return _native(x_MxD, w_NxD, rows_2), (x_MxD, w_NxD, rows_2)
 
 
 def _native_bwd(res, dy_MxN):   # gradients through plain XLA: training never needs the fast path
-  x_MxD, w_NxD = res
-  return dy_MxN @ w_NxD, dy_MxN.T @ x_MxD
+  x_MxD, w_NxD, rows_2 = res
+  dy_MxN = jnp.where(_live_mask(x_MxD.shape[0], rows_2[1], rows_2[0]), dy_MxN, 0)
+  return dy_MxN @ w_NxD, dy_MxN.T @ x_MxD, None
 
 
-matmul_t_native.defvjp(_native_fwd, _native_bwd)
+_native.defvjp(_native_fwd, _native_bwd)
 
 
-def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array) -> jax.Array:
-  """x · wᵀ: the native kernel when it applies, else the reference."""
+def matmul_t_native(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
+  """The C++ kernel.  With ``live`` (a traced count), rows come in groups of ``group`` and only the first
+  ``live`` rows of each group are computed; the others come out zero at no cost (padded draft slots)."""
+  M = x_MxD.shape[0]
+  rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.stack(
+      [jnp.asarray(group, jnp.int32), jnp.asarray(live, jnp.int32)])
+  return _native(x_MxD, w_NxD, rows)
+
+
+def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
+  """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
+  r % group ≥ live are padding and come out zero (the native kernel skips them)."""
   if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and x_MxD.shape[0] <= MAX_ROWS
       and available()):
-    return matmul_t_native(x_MxD, w_NxD)
-  return matmul_t_reference(x_MxD, w_NxD)
+    return matmul_t_native(x_MxD, w_NxD, live, group)
+  return matmul_t_reference(x_MxD, w_NxD, live, group)
