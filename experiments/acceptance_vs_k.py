@@ -1,7 +1,7 @@
 """Acceptance vs k: τ, α and speedup for each drafter and k = 1..8, against plain decoding on the same prompts."""
 from __future__ import annotations
 
-from specjax import bench
+from specjax import api, bench
 from experiments.common import pick_prompts, setup
 
 
@@ -9,7 +9,7 @@ def acceptance_vs_k(model: str = "smollm2-135m", prompts: str = "specjax-prompts
                     per_category: int | None = 1, limit: int | None = None,
                     drafters=("ngram", "layerskip"), ks=(1, 2, 3, 4, 5, 6, 7, 8), max_new_tokens: int = 64,
                     max_len: int = 2048, ngram: int = 3, draft_layers=None, draft: str | None = None,
-                    log=print) -> dict:
+                    ngram_caps=api.DEFAULT_NGRAM_CAPS, log=print) -> dict:
   chosen = pick_prompts(prompts, categories, per_category, limit)
   m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, log=log)
   eos = tuple(m.tokenizer.eos_token_ids)
@@ -22,7 +22,7 @@ def acceptance_vs_k(model: str = "smollm2-135m", prompts: str = "specjax-prompts
       log(f"[acceptance_vs_k] {name} k={k}")
       r = bench.measure_speculative(m, batches, ar, drafter=name, k=k, max_new_tokens=max_new_tokens,
                                     max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
-                                    draft=d, log=lambda *_: None)
+                                    draft=d, ngram_caps=ngram_caps, log=lambda *_: None)
       rows.append({"drafter": name, "k": k, "tokens_per_s": r["spec_tokens_per_s"], "speedup": r["speedup"],
                    "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
                    "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"],

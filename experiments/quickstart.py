@@ -8,7 +8,7 @@ from experiments.common import pick_prompts, setup
 def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
                per_category: int = 1, max_new_tokens: int = 64, max_len: int = 2048, dtype: str = "float32",
                drafters=("ngram", "layerskip"), k: int = 4, ngram: int = 3, draft_layers=None,
-               draft: str | None = None, log=print) -> dict:
+               draft: str | None = None, ngram_caps=api.DEFAULT_NGRAM_CAPS, log=print) -> dict:
   """Greedy chat replies to ``per_category`` prompts of each category: plain decoding, then each drafter on
   the same prompts in the same run (τ, α, speedup); plus the replies themselves."""
   chosen = pick_prompts(prompts, categories, per_category)
@@ -24,7 +24,7 @@ def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", ca
     log(f"[quickstart] drafter {name}, k={k}")
     r = bench.measure_speculative(m, batches, ar, drafter=name, k=k, max_new_tokens=max_new_tokens,
                                   max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
-                                  draft=d, log=lambda *_: None)
+                                  draft=d, ngram_caps=ngram_caps, log=lambda *_: None)
     rows.append({"method": f"{name} (k={k})", "tokens_per_s": r["spec_tokens_per_s"], "speedup": r["speedup"],
                  "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
                  "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"]})

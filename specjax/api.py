@@ -125,6 +125,9 @@ def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, pad_to: int
 
 
 DRAFTERS = ("none", "ngram", "layerskip", "model")
+# Draft at most 1 token after a 1-token n-gram match and 3 after a 2-token one (k after longer matches).
+# Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
+DEFAULT_NGRAM_CAPS = (1, 3)
 
 
 def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
@@ -141,8 +144,12 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
 
 
 def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
-                  draft: Model | None = None, max_len: int = DEFAULT_MAX_LEN):
-  """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError."""
+                  draft: Model | None = None, max_len: int = DEFAULT_MAX_LEN,
+                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS):
+  """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
+
+  ``ngram_caps``: proposals allowed after an n-gram match of only 1, 2, ... tokens (see ``NgramDrafter``);
+  ``None`` or ``()`` drafts k after any match."""
   buckets = decode.kv_buckets(max_len)
   if drafter not in DRAFTERS:
     raise SpecjaxError(f"unknown drafter '{drafter}': choose one of {', '.join(DRAFTERS)}")
@@ -156,7 +163,10 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
   if drafter == "ngram":
     if ngram < 1:
       raise SpecjaxError(f"--ngram must be >= 1, got {ngram}")
-    return spec.NgramDrafter(max_ngram=ngram), (), k
+    caps = tuple(int(c) for c in (ngram_caps or ()))
+    if any(c < 0 for c in caps):
+      raise SpecjaxError(f"--ngram-caps must be counts >= 0, got {','.join(map(str, caps))}")
+    return spec.NgramDrafter(max_ngram=ngram, match_caps=caps), (), k
   if drafter == "layerskip":
     layers = parse_layers(draft_layers, m.cfg.num_layers)
     cfg = m.cfg.replace(name=f"{m.cfg.name}-layers{'_'.join(map(str, layers))}", num_layers=len(layers))
@@ -213,14 +223,15 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
           "acceptance_by_position": [float(a / r) if r else 0.0 for a, r in zip(pos_acc, reached)],
           "drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
           "target_forwards": int(g(stats.target_forwards)), "draft_forwards": int(g(stats.draft_forwards)),
-          "iterations": int(g(stats.iterations))}
+          "iterations": int(g(stats.iterations)), "verify_rows_steps": g(stats.verify_rows_K1).tolist()}
 
 
 def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              batch_size: int = 1, chat: bool = True, max_len: int = DEFAULT_MAX_LEN,
              ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
-             ngram: int = 3, draft_layers=None, draft: Model | None = None) -> tuple[list[Generation], dict]:
+             ngram: int = 3, draft_layers=None, draft: Model | None = None,
+             ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
   ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
@@ -240,7 +251,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   if not prompts:
     raise SpecjaxError("no prompts given")
   drafter_obj, draft_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers,
-                                                   draft=draft, max_len=max_len)
+                                                   draft=draft, max_len=max_len, ngram_caps=ngram_caps)
   encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)

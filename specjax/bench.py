@@ -17,7 +17,7 @@ import numpy as np
 
 from specjax import decode, sampling
 from specjax import speculative as spec
-from specjax.api import (Model, build_drafter, check_fits, encode_prompts, make_engine,
+from specjax.api import (DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits, encode_prompts, make_engine,
                          pad_batch, parse_layers, prompt_bucket, spec_metrics)
 from specjax.kv_cache import cache_bytes, init_cache
 from specjax.prompts import Prompt
@@ -97,10 +97,10 @@ def time_decode(m: Model, engine, draft_params, batches, max_new: int, max_len: 
 
 
 def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int,
-                          repeats: int = 9) -> tuple[float, float]:
-  """Measured cost of one propose (all k_max draft tokens) and one verify forward (k_max+1 positions),
-  each timed alone (median), from the state right after prefill.  Caches are donated and fed back, as in
-  the loop, so no timing includes a copy of a KV buffer."""
+                          repeats: int = 9) -> tuple[float, dict[int, float]]:
+  """Measured cost of one propose (all k_max draft tokens) and of one verify forward with 1, ..., k_max+1 live
+  rows, each timed alone (median), from the state right after prefill.  Caches are donated and fed back, as
+  in the loop, so no timing includes a copy of a KV buffer."""
   B = arr.shape[0]
   K = engine.k_max
   state = spec.init_jit(engine, m.exec_params, draft_params, init_cache(m.cfg, B, max_len), jnp.asarray(arr),
@@ -114,11 +114,11 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
     return new_state, toks
 
   @functools.partial(jax.jit, donate_argnums=(1,))
-  def verify(tp, cache, last_B):
+  def verify(tp, cache, last_B, rows):
     toks = jnp.concatenate([last_B[:, None], jnp.zeros((B, K), jnp.int32)], axis=1)
     pos = lengths[:, None] + jnp.arange(K + 1)[None, :]
     out = decode.windowed_forward(tp, engine.cfg, toks, pos, cache.with_lengths(lengths),
-                                  buckets=engine.buckets)
+                                  buckets=engine.buckets, live_T=rows)
     return out.cache, out.logits
 
   def median(fn, carry):
@@ -129,11 +129,13 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
       jax.block_until_ready(out)
       if i:                        # the first call compiles
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.median(times)), carry
 
   seq, last = state.seq_BxS, state.last_B
-  t_draft = median(lambda c: propose(draft_params, c, seq, last), state.draft) if K else 0.0
-  t_verify = median(lambda c: verify(m.exec_params, c, last), state.cache)
+  t_draft = median(lambda c: propose(draft_params, c, seq, last), state.draft)[0] if K else 0.0
+  t_verify, cache = {}, state.cache
+  for w in range(1, K + 2):
+    t_verify[w], cache = median(lambda c, w=w: verify(m.exec_params, c, last, jnp.int32(w)), cache)
   return t_draft, t_verify
 
 
@@ -175,23 +177,27 @@ def measure_autoregressive(m: Model, batches, *, max_new_tokens: int, max_len: i
 
 def measure_speculative(m: Model, batches, ar: dict, *, drafter: str, k: int, max_new_tokens: int,
                         max_len: int, eos_ids, ngram: int = 3, draft_layers=None, draft: Model | None = None,
-                        log=print) -> dict:
+                        ngram_caps=DEFAULT_NGRAM_CAPS, log=print) -> dict:
   """Speculative decoding speed over the same batches, its acceptance metrics, and the speedup predicted
-  from the measured τ and the measured costs of one draft round and one verify forward."""
+  from the measured τ and the measured costs of one draft round and one verify forward (at each
+  verification width, weighted by how often the loop used it)."""
   sp = sampling.SamplingParams()
   batch_size = batches[0][0].shape[0]
   d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                                         max_len=max_len)
+                                         max_len=max_len, ngram_caps=ngram_caps)
   engine = make_engine(m, d_obj, k_max, sp, eos_ids, max_len)
   sd = time_decode(m, engine, d_params, batches, max_new_tokens, max_len, k_max, log=log)
   metrics = spec_metrics(sd["stats"])
   arr0, lens0, _ = batches[0]
-  t_draft, t_verify = time_draft_and_verify(m, engine, d_params, arr0, lens0, max_len)
+  t_draft, t_by_width = time_draft_and_verify(m, engine, d_params, arr0, lens0, max_len)
+  steps = np.asarray(metrics["verify_rows_steps"], np.float64)   # iterations by live verification rows
+  t_verify = float(np.dot(steps, [t_by_width[w] for w in range(1, k_max + 2)]) / max(1.0, steps.sum()))
   tau = metrics["mean_accepted_length"]
   predicted = tau * ar["ar_step_ms"] / 1e3 / (t_draft + t_verify)
   speedup = sd["tokens_per_s"] / ar["ar_tokens_per_s"]
   out = {"drafter": drafter, "k": k_max, "spec_tokens_per_s": sd["tokens_per_s"], "speedup": speedup,
          **metrics, "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
+         "verify_ms_by_rows": {str(w): t * 1e3 for w, t in t_by_width.items()},
          "spec_iteration_ms": sd["decode_s"] / max(1, metrics["iterations"]) * 1e3,
          "predicted_speedup": predicted, "efficiency": speedup / predicted}
   if drafter == "layerskip":
@@ -202,7 +208,7 @@ def measure_speculative(m: Model, batches, ar: dict, *, drafter: str, k: int, ma
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
           max_len: int = 2048, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
-          log=print) -> dict:
+          ngram_caps=DEFAULT_NGRAM_CAPS, log=print) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding on the same prompts — in one run,
   next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
@@ -218,5 +224,5 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   if drafter != "none":
     result.update(measure_speculative(m, batches, result, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
                                       max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
-                                      draft=draft, log=log))
+                                      draft=draft, ngram_caps=ngram_caps, log=log))
   return result

@@ -47,6 +47,9 @@ def _add_drafter(p: argparse.ArgumentParser) -> None:
   p.add_argument("--draft", default=None, help="draft model for --drafter model (same tokenizer as --model)")
   p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram")
+  p.add_argument("--ngram-caps", default="1,3",
+                 help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
+                      "matches draft --k); 'none' drafts --k after any match (default 1,3)")
   p.add_argument("--draft-layers", default=None,
                  help="--drafter layerskip: a count L (the first L layers) or indices like 0,1,2,5")
 
@@ -129,8 +132,19 @@ def _load_draft(args):
   return api.load(args.draft, dtype=args.dtype)
 
 
+def _ngram_caps(text: str) -> tuple[int, ...]:
+  from specjax.errors import SpecjaxError
+  if text.strip().lower() in ("", "none"):
+    return ()
+  try:
+    return tuple(int(c) for c in text.split(","))
+  except ValueError:
+    raise SpecjaxError(f"--ngram-caps takes counts separated by commas, like 1,3 (or 'none'), got '{text}'")
+
+
 def _drafter_kwargs(args) -> dict:
-  return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers}
+  return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers,
+          "ngram_caps": _ngram_caps(args.ngram_caps)}
 
 
 def _max_len(args) -> int:

@@ -39,7 +39,8 @@ def test_decoding_more_tokens_compiles_nothing_new():
 
 
 def test_spec_step_compiles_once_for_any_k_active_and_content():
-  """The step-at-a-time API: varying k_active, acceptance and prompt content compiles nothing new."""
+  """The step-at-a-time API: varying k_active, acceptance and prompt content compiles nothing new (k_active
+  also sets how many verification rows are live: data, not shape)."""
   cfg = config.TINY
   params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
   drafter = speculative.ModelDrafter(cfg.replace(num_layers=1), buckets=(16, 32, 64))   # layer-skip draft
@@ -62,6 +63,8 @@ def test_spec_step_compiles_once_for_any_k_active_and_content():
   assert n() == 0, f"{n()} compilations after warm-up"
   assert int(a.stats.iterations) == 4 and int(b.stats.iterations) == 3
   assert np.asarray(a.stats.pos_reached_K)[3] <= 2   # k_active masked the later slots
+  used = np.asarray(a.stats.verify_rows_K1) + np.asarray(b.stats.verify_rows_K1)
+  assert used.sum() == 7 and np.count_nonzero(used) >= 3, used
 
 
 def test_whole_generation_is_one_device_loop_without_transfers():
@@ -69,7 +72,7 @@ def test_whole_generation_is_one_device_loop_without_transfers():
   with device-resident inputs performs no host<->device transfer (transfer guard set to disallow)."""
   cfg = config.TINY
   params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
-  engine = speculative.Engine(cfg=cfg, drafter=speculative.NgramDrafter(2), k_max=3,
+  engine = speculative.Engine(cfg=cfg, drafter=speculative.NgramDrafter(2, match_caps=(1,)), k_max=3,
                               sp=sampling.SamplingParams(temperature=1.0), buckets=(16, 32, 64))
   B = 2
   args = (params, (), kv_cache.init_cache(cfg, B, 64), jnp.array([[3, 4, 3, 4], [5, 6, 5, 6]]),

@@ -26,6 +26,7 @@ def target():
 def _drafters(target):
   return {
       "ngram": (NgramDrafter(3), ()),
+      "ngram_capped": (NgramDrafter(3, match_caps=(1, 2)), ()),   # verifications with fewer live rows
       "model": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS),
                 model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))),
       "layerskip": (ModelDrafter(CFG.replace(num_layers=2), buckets=BUCKETS), layer_subset(target, (0, 2))),
@@ -50,7 +51,7 @@ PROMPTS = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10], [3
 LENS = np.array([6, 8, 1])
 
 
-@pytest.mark.parametrize("name", ["ngram", "model", "layerskip", "self"])
+@pytest.mark.parametrize("name", ["ngram", "ngram_capped", "model", "layerskip", "self"])
 def test_greedy_output_equals_plain_greedy(target, name):
   drafter, dparams = _drafters(target)[name]
   max_new = np.array([20, 13, 17], np.int32)
@@ -68,6 +69,23 @@ def test_greedy_output_equals_plain_greedy(target, name):
     assert np.all(np.asarray(s.pos_accepted_K) <= np.asarray(s.pos_reached_K))
   if name == "self":
     assert int(s.accepted_B.sum()) == int(s.drafted_B.sum()) > 0
+  if name == "ngram_capped":   # verifications with fewer live rows happened, and full ones too
+    steps = np.asarray(s.verify_rows_K1)
+    assert steps[:-1].sum() > 0 and steps[-1] > 0, steps
+
+
+def test_ngram_caps_limit_proposals_by_match_length():
+  seq = jnp.asarray([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 8, 7, 0, 0, 0]], jnp.int32)
+  # newest token 3 at index 9: a 3-gram match (1 2 3) -> up to K; caps for 1- and 2-token matches only.
+  _, toks, _, limit = NgramDrafter(3, match_caps=(0, 1)).propose((), (), seq, jnp.asarray([9]), None, 4, None,
+                                                                  None)
+  assert limit.tolist() == [4] and toks[0].tolist() == [4, 5, 6, 7]
+  # newest token 7 at index 12 (after 9 8): only a 1-token match (the 7 at index 6) -> capped to 0 / 2.
+  for caps, want in (((0, 1), 0), ((2, 1), 2), ((), 4)):
+    _, toks, _, limit = NgramDrafter(3, match_caps=caps).propose((), (), seq, jnp.asarray([12]), None, 4,
+                                                                 None, None)
+    assert limit.tolist() == [want], caps
+    assert toks[0, :want].tolist() == [1, 2, 3, 9][:want]
 
 
 def test_k_active_masks_slots(target):
@@ -157,9 +175,11 @@ def test_speculative_sampling_is_lossless(sp):
   joint = _exact_joint(target, sp)
   p_model = _chi2_pvalue(_spec_samples(target, draft, sp), joint)
   p_ngram = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2)), joint)
+  p_capped = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2, match_caps=(1,))), joint)
   p_broken = _chi2_pvalue(_spec_samples(target, draft, sp, acceptance=AcceptAlways()), joint)
   assert p_model > 1e-3, p_model
   assert p_ngram > 1e-3, p_ngram
+  assert p_capped > 1e-3, p_capped
   assert p_broken < 1e-6, p_broken        # the test has power: a wrong rule is caught
 
 

@@ -104,9 +104,16 @@ class ModelDrafter:
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
   """Prompt lookup: an earlier occurrence of the last n tokens (n = max_ngram down to min_ngram) proposes
-  the tokens that followed it — the most recent occurrence followed by K known tokens, else the earliest."""
+  the tokens that followed it — the most recent occurrence followed by K known tokens, else the earliest.
+
+  ``match_caps[i]`` caps the proposals after a match of only i + 1 tokens (longer matches propose K): short
+  matches are rarely right (on summarization, a 1-token match's first draft is accepted ~1 time in 4, a
+  3-token match's 7 in 10), and the engine verifies only as many slots as some sequence drafted, so not
+  drafting them saves most of a verification's extra cost.
+  """
   max_ngram: int = 3
   min_ngram: int = 1
+  match_caps: tuple[int, ...] = ()
   name: str = "ngram"
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
@@ -120,6 +127,7 @@ class NgramDrafter:
     i_S = jnp.arange(S)
     found_B = jnp.zeros((B,), bool)
     start_B = jnp.zeros((B,), jnp.int32)              # where the continuation begins
+    cap_B = jnp.zeros((B,), jnp.int32)                # proposals allowed by the length of the match
     for n in range(self.max_ngram, self.min_ngram - 1, -1):
       match = jnp.ones((B, S), bool)
       for j in range(n):
@@ -135,11 +143,12 @@ class NgramDrafter:
       i_best = jnp.where(i_recent >= 0, i_recent, jnp.where(i_first < S, i_first, -1))
       hit = (i_best >= 0) & ~found_B
       start_B = jnp.where(hit, i_best + n, start_B)
+      cap_B = jnp.where(hit, self.match_caps[n - 1] if n <= len(self.match_caps) else K, cap_B)
       found_B |= hit
     idx_BxK = start_B[:, None] + jnp.arange(K)[None, :]
     tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(idx_BxK, S - 1), axis=1)
     available = jnp.clip(L_B + 1 - start_B, 0, K)     # only tokens already known can be proposed
-    limit = jnp.where(found_B, available, 0).astype(jnp.int32)
+    limit = jnp.where(found_B, jnp.minimum(available, cap_B), 0).astype(jnp.int32)
     return state, tokens, None, limit
 
   def commit(self, state, new_lengths_B):

@@ -2,7 +2,8 @@
 
 One iteration (``spec_step``, one jitted function over static shapes B, K = k_max, S):
   1. the drafter proposes K tokens (slots at or past k_active[b] are masked),
-  2. the target verifies [last, d_1..d_K] in one forward over the fixed KV buffers (K+1 new slots),
+  2. the target verifies [last, d_1..d_K] in one forward over the fixed KV buffers (K+1 new slots, of which
+     the native CPU kernels compute only those some sequence still needs),
   3. the acceptance rule keeps n[b] drafts and picks the next token (correction or bonus),
   4. commit: EOS and max_new_tokens may cut the n+1 new tokens short; the target cache length advances by
      the number kept (rejected slots stay behind the length, masked, overwritten later), the drafter
@@ -38,6 +39,7 @@ class SpecStats:
   verify_steps_B: jax.Array    # iterations in which the sequence was live
   pos_accepted_K: jax.Array    # per draft position: accepted
   pos_reached_K: jax.Array     # per draft position: examined
+  verify_rows_K1: jax.Array    # [K+1]: iterations whose verification had 1, 2, ..., K+1 live rows
 
 
 @struct.dataclass
@@ -94,7 +96,8 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   stats = SpecStats(iterations=jnp.zeros((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
                     draft_forwards=jnp.zeros((), jnp.int32), drafted_B=zeros_B, accepted_B=zeros_B,
                     committed_B=zeros_B, verify_steps_B=zeros_B, pos_accepted_K=jnp.zeros((K,), jnp.int32),
-                    pos_reached_K=jnp.zeros((K,), jnp.int32))
+                    pos_reached_K=jnp.zeros((K,), jnp.int32),
+                    verify_rows_K1=jnp.zeros((K + 1,), jnp.int32))
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
                    key=key, stats=stats)
@@ -116,11 +119,15 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   room_B = jnp.maximum(S - 1 - lengths, 0)
   k_act = jnp.minimum(jnp.minimum(k_active_B, limit_B), jnp.minimum(room_B, K)).astype(jnp.int32)
 
-  # 2. Verify all K+1 positions in one target forward.
+  # 2. Verify [last, d_1..d_K] in one target forward over K+1 slots.  Only the first `rows` matter (the most
+  #    live drafts of any sequence, + 1): the native CPU kernels skip the rest, so a step whose drafter found
+  #    little to propose costs about what a plain decoding step costs.  Nothing here depends on `rows` for
+  #    shapes: it is data, and changing it compiles nothing.
   verify_BxK1 = jnp.concatenate([state.last_B[:, None], drafts_BxK], axis=1)
   positions = lengths[:, None] + jnp.arange(K + 1)[None, :]
+  rows = jnp.max(jnp.where(live, k_act, 0)) + 1
   out = decode.windowed_forward(target_params, engine.cfg, verify_BxK1, positions, cache,
-                                buckets=engine.buckets)
+                                buckets=engine.buckets, live_T=rows)
 
   # 3. Accept.
   acc = engine.rule(out.logits, drafts_BxK, q, k_act, k_accept, engine.sp)
@@ -156,7 +163,8 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
       committed_B=st.committed_B + count,
       verify_steps_B=st.verify_steps_B + live_i,
       pos_accepted_K=st.pos_accepted_K + jnp.sum(acc.accepted_BxK & live[:, None], axis=0),
-      pos_reached_K=st.pos_reached_K + jnp.sum(acc.reached_BxK & live[:, None], axis=0))
+      pos_reached_K=st.pos_reached_K + jnp.sum(acc.reached_BxK & live[:, None], axis=0),
+      verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1))
   return SpecState(cache=out.cache.with_lengths(new_lengths), draft=engine.drafter.commit(draft, new_lengths),
                    seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done, max_new_B=state.max_new_B,
                    key=key, stats=stats)
