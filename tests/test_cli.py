@@ -115,6 +115,10 @@ def test_unknown_drafter_and_k_too_large(tiny_model):
                              "--k", "70", "--max-len", "64"), "--k 70", "--max-len")
   assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "model"),
                      "--draft")
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                             "--ngram-caps", "one,3"), "--ngram-caps", "1,3")
+  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                             "--ngram-caps", "-1"), "--ngram-caps", ">= 0")
 
 
 def test_draft_vocabulary_mismatch(tiny_model, tmp_path):
