@@ -1,8 +1,8 @@
 """A native CPU kernel for the few-row matmuls of decoding: y[M, N] = x[M, D] · w[N, D]ᵀ.
 
 ``matmul_t`` calls the C++ kernel in ``cpu_matmul.cc`` through the XLA FFI when it is available (built on first
-use, see ``native.py``), else the reference ``matmul_t_reference`` (plain XLA).  It runs on XLA's intra-op
-thread pool.  It is used only on the CPU backend, for float32, when M ≤ ``MAX_ROWS`` (larger M is
+use, see ``native.py``), else the reference ``matmul_t_reference`` (plain XLA).  It splits the work over the
+caller and a few helper threads (``parallel.h``).  It is used only on the CPU backend, for float32, when M ≤ ``MAX_ROWS`` (larger M is
 compute-bound, where XLA's GEMM is the better choice); its gradient goes through the reference.
 """
 from __future__ import annotations

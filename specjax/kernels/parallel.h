@@ -1,6 +1,6 @@
 // ParallelFor for the native kernels: the calling thread plus a few helper threads that stay awake briefly.
 //
-// Why not XLA's intra-op pool: a decode step calls ~250 short kernels (≈ 0.1–0.3 ms each) back to back, and
+// Why not XLA's intra-op pool: a decode step calls ~150 short kernels (≈ 0.1–0.3 ms each) back to back, and
 // a pool task has to wake a sleeping worker every time.  On a 2-core VM that wake-up took ~50–70 µs per call
 // (measured: 90 chained 3072×576 matmuls cost 31 ms through XLA's pool against 25 ms with workers already
 // running), i.e. a fifth of the step.  Here the helpers spin for a short while after each job (by default
