@@ -20,7 +20,9 @@ class Prompt:
 
 def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...] | list[str] | None = None,
                  limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
-  """Read prompts from a Spec-Bench JSONL file (first turn as the user message) or a plain-text file.
+  """Read prompts from JSON Lines — the project's ``{"id", "category", "prompt"}`` or Spec-Bench's
+  ``{"question_id", "category", "turns"}`` (first turn as the user message), given by path — or a plain-text
+  file, one prompt per line.
 
   ``path`` may be ``"specjax-prompts"`` for the project's own set.  ``categories`` keeps only those
   categories (``"mt_bench"`` selects MT-bench's eight categories); ``per_category`` keeps the first N of each
@@ -43,10 +45,14 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...]
     if line.startswith("{"):
       try:
         obj = json.loads(line)
-        turns = obj["turns"]
-        prompts.append(Prompt(obj.get("question_id", n), str(obj.get("category", "")), str(turns[0])))
+        if "prompt" in obj:     # the project's own format: {"id", "category", "prompt"}
+          text, qid = obj["prompt"], obj.get("id", n)
+        else:                   # Spec-Bench / MT-bench: {"question_id", "category", "turns"}, first turn
+          text, qid = obj["turns"][0], obj.get("question_id", n)
+        prompts.append(Prompt(qid, str(obj.get("category", "")), str(text)))
       except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-        raise SpecjaxError(f"{where}:{n}: not a Spec-Bench record with a non-empty 'turns' list ({e})") from e
+        raise SpecjaxError(f"{where}:{n}: not a prompt record: expected a 'prompt' string or a Spec-Bench "
+                           f"non-empty 'turns' list ({e})") from e
     else:
       prompts.append(Prompt(n, "", line))
   if categories:
