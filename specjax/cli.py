@@ -40,6 +40,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--max-len", type=int, default=None,
                  help="KV cache positions per sequence (default 2048)")
+  p.add_argument("--no-compile-cache", action="store_true",
+                 help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
 
 
 def _add_drafter(p: argparse.ArgumentParser) -> None:
@@ -114,9 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-  from specjax import api
+  from specjax import api, compile_cache
+  if getattr(args, "no_compile_cache", False):
+    compile_cache.enable(False)
   _log(f"[specjax] loading {args.model} ({args.dtype})")
-  return api.load(args.model, dtype=args.dtype)
+  m = api.load(args.model, dtype=args.dtype)
+  _log(f"[specjax] loaded in {m.load_s:.1f}s")
+  return m
 
 
 def _load_draft(args):
@@ -129,7 +135,9 @@ def _load_draft(args):
   if not args.draft:
     return None
   _log(f"[specjax] loading draft {args.draft}")
-  return api.load(args.draft, dtype=args.dtype)
+  d = api.load(args.draft, dtype=args.dtype)
+  _log(f"[specjax] loaded the draft in {d.load_s:.1f}s")
+  return d
 
 
 def _ngram_caps(text: str) -> tuple[int, ...]:
@@ -152,6 +160,14 @@ def _max_len(args) -> int:
   return args.max_len or DEFAULT_MAX_LEN
 
 
+def _executables() -> dict:
+  """This process's XLA executables: compiled here, or read back from the persistent compilation cache."""
+  from specjax import compile_cache
+  c = compile_cache.counts()
+  return {"executables_compiled": c["compiled"], "executables_from_cache": c["cache_hits"],
+          "compile_cache_dir": str(compile_cache.directory() or "") or None}
+
+
 def cmd_generate(args) -> int:
   from specjax import api
   from specjax.prompts import Prompt, load_prompts
@@ -163,14 +179,16 @@ def cmd_generate(args) -> int:
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 batch_size=args.batch_size, max_len=_max_len(args), progress=True,
                                 **_drafter_kwargs(args), draft=draft)
+  stats.update(_executables())
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
                         for o in outputs], "stats": stats}
 
   def human(res):
     for o in outputs:
       print(f"--- [{o.question_id}] {o.prompt[:80]!r}\n{o.text}\n")
-    _log(f"[specjax] {stats['new_tokens']} tokens in {stats['decode_s']:.2f}s "
-         f"({stats['tokens_per_s']:.1f} tok/s; compile {stats['compile_s']:.1f}s)")
+    _log(f"[specjax] {stats['new_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s (load "
+         f"{stats['load_s']:.1f}s, compile {stats['compile_s']:.1f}s, prefill {stats['prefill_s']:.2f}s, "
+         f"decode {stats['decode_s']:.2f}s)")
   _emit(result, args.json, human)
   return 0
 
@@ -209,6 +227,7 @@ def cmd_bench(args) -> int:
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=_max_len(args), ignore_eos=args.ignore_eos, draft=_load_draft(args),
                     log=_log, **_drafter_kwargs(args))
+  res.update(_executables())
 
   def human(r):
     from specjax.report import print_table

@@ -61,6 +61,18 @@ class ModelConfig:
   def replace(self, **changes: Any) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
+  def to_dict(self) -> dict[str, Any]:
+    """Plain JSON-able values (``from_dict`` inverts it exactly)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    d = dict(d)
+    if d.get("rope_scaling") is not None:
+      d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+    return cls(**d)
+
 
 # A tiny config for tests: every code path (GQA, ties, RoPE) at toy size.
 TINY = ModelConfig(name="tiny", vocab_size=64, num_layers=2, d_model=32, num_heads=4,

@@ -3,20 +3,25 @@ import contextlib
 
 import jax
 
-_COUNT = [0]
+_NAMES: list[str] = []
 _REGISTERED = [False]
 
 
 def _listener(event: str, duration: float, **kwargs) -> None:
   if event == "/jax/core/compile/backend_compile_duration":
-    _COUNT[0] += 1
+    _NAMES.append(str(kwargs.get("fun_name", "?")))
 
 
 @contextlib.contextmanager
-def count_compiles():
-  """Yields a callable returning how many backend compilations happened since entering."""
+def count_compiles(names: list | None = None):
+  """Yields a callable returning how many backend compilations happened since entering; if ``names`` is
+  given, the compiled functions' names are appended to it on exit."""
   if not _REGISTERED[0]:
     jax.monitoring.register_event_duration_secs_listener(_listener)
     _REGISTERED[0] = True
-  start = _COUNT[0]
-  yield lambda: _COUNT[0] - start
+  start = len(_NAMES)
+  try:
+    yield lambda: len(_NAMES) - start
+  finally:
+    if names is not None:
+      names.extend(_NAMES[start:])

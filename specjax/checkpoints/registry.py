@@ -16,8 +16,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 
+from specjax.checkpoints import converted
 from specjax.checkpoints.gguf_loader import load_gguf
 from specjax.checkpoints.safetensors_loader import load_hf_dir
 from specjax.checkpoints.tokenizer import Tokenizer
@@ -185,13 +187,22 @@ def list_models() -> list[dict]:
            "cached": cached_path(spec.name).is_file()} for spec in KNOWN_MODELS.values()]
 
 
+def to_device(params):
+  """numpy leaves (memory-mapped when read from the cache) -> jax arrays.  On the CPU a suitably aligned
+  array is aliased, not copied: the weights then live once, in the page cache."""
+  alias = jax.default_backend() == "cpu"
+  return jax.tree_util.tree_map(lambda x: jax.device_put(x, may_alias=True) if alias else jnp.asarray(x),
+                                params)
+
+
 def load_model(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
   """Load a model by registry name, .gguf path or Hugging Face directory."""
   path = resolve(name_or_path)
   if path.is_dir():
     cfg, params, tokenizer = load_hf_dir(path, dtype)
-  elif path.suffix == ".gguf":
-    cfg, params, tokenizer = load_gguf(path, dtype)
+  elif path.suffix == ".gguf":   # converted once, then read from the converted-weight cache
+    cfg, params, tokenizer = converted.cached_convert(path, dtype, lambda: load_gguf(path, dtype))
+    params = to_device(params)
   else:  # unreachable through resolve
     raise CheckpointError(f"{path}: unknown checkpoint format")
   source = os.fspath(name_or_path)

@@ -263,6 +263,22 @@ class Tokenizer:
     return cls(hf, bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids,
                chat_template=fields.get("tokenizer.chat_template"), add_bos=add_bos)
 
+  # -- serialisation (the converted-weight cache stores tokenizers this way) ----------------------------
+
+  def to_json(self) -> dict[str, Any]:
+    """Everything needed to rebuild this tokenizer exactly: the ``tokenizers`` JSON and our settings."""
+    return {"tokenizer_json": self._hf.to_str(), "bos_token_id": self.bos_token_id,
+            "eos_token_ids": list(self.eos_token_ids), "chat_template": self.chat_template,
+            "add_bos": self.add_bos, "bos_token": self.bos_token, "eos_token": self.eos_token}
+
+  @classmethod
+  def from_json(cls, d: Mapping[str, Any]) -> "Tokenizer":
+    """Inverse of ``to_json``."""
+    hf = tokenizers.Tokenizer.from_str(d["tokenizer_json"])
+    return cls(hf, bos_token_id=d["bos_token_id"], eos_token_ids=d["eos_token_ids"],
+               chat_template=d["chat_template"], add_bos=d["add_bos"], bos_token=d["bos_token"],
+               eos_token=d["eos_token"])
+
   # -- basics -------------------------------------------------------------------------------------------
 
   @property

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import jax
@@ -24,11 +25,20 @@ _SOURCES = sorted(Path(__file__).parent.glob("*.cc"))
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 _FLAGS = ["-O3", "-march=native", "-std=c++20", "-fopenmp-simd", "-fPIC", "-shared", "-w"]
 _STATE: dict = {"loaded": None}
+_LOCK = threading.Lock()
 
 
 def _cache_dir() -> Path:
   from specjax.checkpoints.registry import cache_dir
   return cache_dir() / "kernels"
+
+
+def source_digest() -> str:
+  """Hash of the kernel sources, the compiler flags and the jax version (names the built library)."""
+  digest = hashlib.sha256(" ".join(_FLAGS).encode() + jax.__version__.encode())
+  for src in _SOURCES + _HEADERS:
+    digest.update(src.name.encode() + src.read_bytes())
+  return digest.hexdigest()[:16]
 
 
 def _build() -> Path | None:
@@ -37,12 +47,10 @@ def _build() -> Path | None:
     print("[specjax] no C++ compiler found: using XLA for matmuls and attention on the CPU (slower decoding)",
           file=sys.stderr)
     return None
-  digest = hashlib.sha256(" ".join(_FLAGS).encode() + jax.__version__.encode())
-  for src in _SOURCES + _HEADERS:
-    digest.update(src.name.encode() + src.read_bytes())
-  out = _cache_dir() / f"libspecjax_cpu_{digest.hexdigest()[:16]}.so"
+  out = _cache_dir() / f"libspecjax_cpu_{source_digest()}.so"
   if out.is_file():
     return out
+  print("[specjax] building the native CPU kernels (once per source version)", file=sys.stderr, flush=True)
   out.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
     tmp_out = Path(tmp) / out.name
@@ -56,13 +64,36 @@ def _build() -> Path | None:
   return out
 
 
+def _wanted() -> bool:
+  return os.environ.get("SPECJAX_NATIVE", "1") != "0" and jax.default_backend() == "cpu"
+
+
+def start_build() -> None:
+  """Start building the library on a helper thread (the compiler runs as a subprocess), so that a first run
+  compiles the kernels while it loads the model; ``available`` waits for it.  Safe to call repeatedly."""
+  with _LOCK:
+    if _STATE["loaded"] is not None or "builder" in _STATE or not _wanted():
+      return
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_build()), name="specjax-kernel-build", daemon=True)
+    _STATE["builder"] = (thread, result)
+    thread.start()
+
+
+def _built_library() -> Path | None:
+  start_build()
+  thread, result = _STATE["builder"]
+  thread.join()
+  return result[0] if result else None
+
+
 def available() -> bool:
   """Build (once) and register every kernel; False when disabled, not on the CPU, or unavailable."""
   if _STATE["loaded"] is not None:
     return _STATE["loaded"]
   ok = False
-  if os.environ.get("SPECJAX_NATIVE", "1") != "0" and jax.default_backend() == "cpu":
-    path = _build()
+  if _wanted():
+    path = _built_library()
     if path is not None:
       lib = ctypes.cdll.LoadLibrary(str(path))
       for target, symbol in TARGETS.items():

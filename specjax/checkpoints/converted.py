@@ -1,0 +1,280 @@
+"""The converted-weight cache: convert a checkpoint once, memory-map the result on every later load.
+
+A GGUF file has to be converted before it can run: its tensors dequantized, llama.cpp's q/k row permutation
+undone, layers stacked, and the tokenizer rebuilt from the vocabulary and merges in its metadata.  That takes
+seconds; reading the result back takes a fraction of one.  The first load of a source writes the converted
+model into the specjax cache, later loads read it:
+
+  <cache>/converted/<sha256 of the source, 32 hex>-<dtype>-v<LAYOUT_VERSION>/
+      params.safetensors   the canonical (stacked) parameter pytree, one tensor per leaf, named by its path
+                           ("embed", "layers.w_qkv", ...)
+      model.json           the ModelConfig, the tokenizer (``Tokenizer.to_json``) and a manifest: the source's
+                           digest, dtype, layout version, and the size and CRC-32 of params.safetensors
+
+An entry is written into a temporary directory beside its final place and renamed into place whole, so a
+conversion that is killed leaves nothing behind.  On read the manifest, the file size and the CRC-32 are
+checked; a missing, truncated or damaged entry is reported in one line on stderr, deleted and rebuilt from
+the source — never used.  Bump ``LAYOUT_VERSION`` whenever the parameter layout or the tokenizer
+serialisation changes: old entries are then simply not found.
+
+The source digest (SHA-256 of the file) is remembered per (path, size, mtime) under ``converted/sources/``,
+so an unchanged file is not hashed again on every load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import zlib
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+
+from specjax.checkpoints.tokenizer import Tokenizer
+from specjax.config import ModelConfig
+
+LAYOUT_VERSION = 1
+PARAMS_FILE = "params.safetensors"
+MODEL_FILE = "model.json"
+_CHUNK = 1 << 24
+
+
+class CorruptEntry(Exception):
+  """A cache entry that must not be used (the message says why)."""
+
+
+def _log(message: str) -> None:
+  print(f"[specjax] {message}", file=sys.stderr, flush=True)
+
+
+def root() -> Path:
+  from specjax.checkpoints.registry import cache_dir
+  return cache_dir() / "converted"
+
+
+def enabled() -> bool:
+  """``SPECJAX_WEIGHT_CACHE=0`` turns the converted-weight cache off (every load converts again)."""
+  return os.environ.get("SPECJAX_WEIGHT_CACHE", "1") != "0"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Source digests
+
+
+def file_sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def source_digest(path: Path) -> str:
+  """SHA-256 of a source file, remembered per (real path, size, mtime) so an unchanged file is hashed once."""
+  path = Path(path).resolve()
+  st = path.stat()
+  memo = root() / "sources" / (hashlib.sha1(str(path).encode()).hexdigest() + ".json")
+  stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+  try:
+    known = json.loads(memo.read_text())
+    if all(known.get(k) == v for k, v in stamp.items()) and len(known.get("sha256", "")) == 64:
+      return known["sha256"]
+  except (OSError, ValueError):
+    pass
+  digest = file_sha256(path)
+  _atomic_write_text(memo, json.dumps({**stamp, "sha256": digest}))
+  return digest
+
+
+def entry_dir(digest: str, dtype) -> Path:
+  return root() / f"{digest[:32]}-{np.dtype(dtype).name}-v{LAYOUT_VERSION}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameter pytrees <-> flat named tensors
+
+
+def flatten_params(params) -> dict[str, np.ndarray]:
+  """{"embed": ..., "layers.w_qkv": ...}: a dict pytree's leaves by their dotted path."""
+  flat = {}
+
+  def walk(prefix, node):
+    if isinstance(node, dict):
+      for k, v in node.items():
+        walk(f"{prefix}.{k}" if prefix else k, v)
+    else:
+      flat[prefix] = np.asarray(node)
+
+  walk("", params)
+  return flat
+
+
+def unflatten_params(flat: dict) -> dict:
+  params: dict = {}
+  for name, value in flat.items():
+    node = params
+    *parents, leaf = name.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return params
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writing and reading an entry
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _crc32_file(path: Path) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def _header_length(path: Path) -> tuple[int, int]:
+  """(header length n, trailing pad spaces) of a safetensors file."""
+  with open(path, "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = f.read(n)
+  return n, len(header) - len(header.rstrip(b" "))
+
+
+def save_safetensors_aligned(tensors: dict[str, np.ndarray], path: Path, align: int = 64) -> None:
+  """``safetensors.numpy.save_file``, with the header padded (through ``__metadata__``) so that the data
+  starts at a multiple of ``align`` bytes: every tensor whose offset is a multiple of ``align`` can then be
+  handed to XLA without a copy (``jax.device_put(..., may_alias=True)``)."""
+  from safetensors.numpy import save_file
+
+  save_file(tensors, str(path), metadata={"specjax_pad": ""})
+  n, spaces = _header_length(path)
+  if (8 + n) % align:
+    raw = n - spaces                                   # the JSON before the library padded it to 8 bytes
+    target = raw + (-(8 + raw)) % align                # a multiple of 8 too, so no further padding is added
+    save_file(tensors, str(path), metadata={"specjax_pad": "." * (target - raw)})
+
+
+def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, source: dict) -> None:
+  """Write an entry whole: into a temporary directory, then one rename (an existing entry is replaced)."""
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+  try:
+    save_safetensors_aligned(flatten_params(params), tmp / PARAMS_FILE)
+    manifest = {"layout_version": LAYOUT_VERSION, "source": source,
+                "params": {"file": PARAMS_FILE, "size": (tmp / PARAMS_FILE).stat().st_size,
+                           "crc32": _crc32_file(tmp / PARAMS_FILE)}}
+    (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
+                                              "tokenizer": tokenizer.to_json()}))
+    if entry.exists():
+      shutil.rmtree(entry, ignore_errors=True)
+    os.replace(tmp, entry)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def _read_safetensors_mmap(path: Path) -> dict[str, np.ndarray]:
+  """Every tensor of a safetensors file as a read-only view of one memory map (no copy, no parse of the data).
+
+  The header is read with the format's documented layout (8-byte length, JSON); the library's ``safe_open``
+  copies each tensor out, which we avoid so that loading costs no more than the pages actually touched."""
+  size = path.stat().st_size
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise CorruptEntry(f"{path.name} is {size} bytes, too short for a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+      raise CorruptEntry(f"{path.name}: header of {n} bytes does not fit in {size} bytes")
+    try:
+      header = json.loads(f.read(n))
+    except ValueError as e:
+      raise CorruptEntry(f"{path.name}: unreadable header ({e})") from None
+  mm = np.memmap(path, dtype=np.uint8, mode="r")
+  dtypes = {"F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16, "I32": np.int32}
+  out = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    start, end = info["data_offsets"]
+    dt = np.dtype(dtypes[info["dtype"]])
+    if 8 + n + end > size or end - start != dt.itemsize * int(np.prod(info["shape"], dtype=np.int64)):
+      raise CorruptEntry(f"{path.name}: tensor '{name}' lies outside the file (truncated?)")
+    out[name] = mm[8 + n + start:8 + n + end].view(dt).reshape(info["shape"])
+  return out
+
+
+def load_entry(entry: Path, check_crc: bool = True):
+  """(cfg, params as read-only numpy views, tokenizer) from an entry; CorruptEntry if anything is off."""
+  model_file, params_file = entry / MODEL_FILE, entry / PARAMS_FILE
+  try:
+    meta = json.loads(model_file.read_text())
+    manifest = meta["manifest"]
+  except (OSError, ValueError, KeyError) as e:
+    raise CorruptEntry(f"{MODEL_FILE} missing or unreadable ({type(e).__name__})") from None
+  if manifest.get("layout_version") != LAYOUT_VERSION:
+    raise CorruptEntry(f"layout version {manifest.get('layout_version')} != {LAYOUT_VERSION}")
+  if not params_file.is_file():
+    raise CorruptEntry(f"{PARAMS_FILE} is missing")
+  size = params_file.stat().st_size
+  if size != manifest["params"]["size"]:
+    raise CorruptEntry(f"{PARAMS_FILE} is {size} bytes, the manifest says {manifest['params']['size']} "
+                       "(truncated or partly written)")
+  crc: list = []
+  checker = None
+  if check_crc:   # CRC-32 on a helper thread (zlib releases the GIL) while the tokenizer is rebuilt
+    checker = threading.Thread(target=lambda: crc.append(_crc32_file(params_file)), daemon=True)
+    checker.start()
+  try:
+    cfg = ModelConfig.from_dict(meta["config"])
+    tokenizer = Tokenizer.from_json(meta["tokenizer"])
+  except Exception as e:  # noqa: BLE001 -- any damage to model.json means the entry is unusable
+    raise CorruptEntry(f"{MODEL_FILE} does not describe a model ({type(e).__name__}: {e})") from None
+  params = unflatten_params(_read_safetensors_mmap(params_file))
+  if checker is not None:
+    checker.join()
+    if crc[0] != manifest["params"]["crc32"]:
+      raise CorruptEntry(f"{PARAMS_FILE} fails its CRC-32 check (damaged on disk)")
+  return cfg, params, tokenizer
+
+
+def cached_convert(source: Path, dtype, convert: Callable[[], tuple]) -> tuple:
+  """``convert()`` = (cfg, params, tokenizer) for ``source`` in ``dtype``, through the cache.
+
+  Returns numpy parameters (memory-mapped when read from the cache).  A bad entry is reported in one line,
+  removed and rebuilt; a cache that cannot be written (read-only disk, full disk) only costs the next load
+  a conversion, with a one-line notice."""
+  if not enabled():
+    return convert()
+  source = Path(source)
+  digest = source_digest(source)
+  entry = entry_dir(digest, dtype)
+  if entry.exists():
+    try:
+      return load_entry(entry)
+    except CorruptEntry as e:
+      _log(f"converted-weight cache entry {entry} is unusable ({e}); rebuilding it from {source.name}")
+      shutil.rmtree(entry, ignore_errors=True)
+  _log(f"converting {source.name} (first load; the result is cached for later loads)")
+  cfg, params, tokenizer = convert()
+  try:
+    save_entry(entry, cfg, params, tokenizer,
+               {"path": str(source.resolve()), "sha256": digest, "dtype": np.dtype(dtype).name})
+  except OSError as e:
+    _log(f"could not write the converted-weight cache at {entry} ({e}); the next load converts again")
+  return cfg, params, tokenizer
