@@ -36,22 +36,24 @@ def describe(layers: tuple[int, ...], num_layers: int) -> str:
 
 def layerskip_search(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
                      per_category: int | None = 1, limit: int | None = None, k: int = 3,
-                     max_new_tokens: int = 48, max_len: int = 2048, candidates=None, log=print) -> dict:
+                     max_new_tokens: int = 48, max_len: int = 2048, candidates=None, repeats: int = 1,
+                     log=print) -> dict:
   chosen = pick_prompts(prompts, categories, per_category, limit)
   m, _, batches = setup(model, chosen, 1, max_new_tokens, max_len, log=log)
   eos = tuple(m.tokenizer.eos_token_ids)
-  ar = bench.measure_autoregressive(m, batches, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
-                                    log=log)
+  subsets = [tuple(layers) for layers in (candidates or default_candidates(m.cfg.num_layers))]
+  specs = [{"drafter": "layerskip", "k": k, "draft_layers": list(layers)} for layers in subsets]
+  log(f"[layerskip_search] {len(subsets)} subsets, interleaved with plain decoding prompt by prompt")
+  ar, results = bench.compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
+                              repeats=repeats, log=log)
   rows = []
-  for layers in (candidates or default_candidates(m.cfg.num_layers)):
-    layers = tuple(layers)
-    log(f"[layerskip_search] {len(layers)} layers: {layers}")
-    r = bench.measure_speculative(m, batches, ar, drafter="layerskip", k=k, max_new_tokens=max_new_tokens,
-                                  max_len=max_len, eos_ids=eos, draft_layers=list(layers), log=lambda *_: None)
-    rows.append({"subset": describe(layers, m.cfg.num_layers), "layers": len(layers), "skipped": [i for i in range(m.cfg.num_layers) if i not in layers],
+  for layers, r in zip(subsets, results):
+    rows.append({"subset": describe(layers, m.cfg.num_layers), "layers": len(layers),
+                 "skipped": [i for i in range(m.cfg.num_layers) if i not in layers],
                  "k": k, "mean_accepted_length": r["mean_accepted_length"],
                  "acceptance_rate": r["acceptance_rate"], "draft_ms": r["draft_ms"], "verify_ms": r["verify_ms"],
                  "predicted_speedup": r["predicted_speedup"], "speedup": r["speedup"],
+                 "speedup_median": r["speedup_median"], "speedup_ci95": r["speedup_ci95"],
                  "draft_layers": list(layers)})
   rows.sort(key=lambda r: -r["speedup"])
   best = rows[0]

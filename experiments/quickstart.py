@@ -8,24 +8,25 @@ from experiments.common import pick_prompts, setup
 def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
                per_category: int = 1, max_new_tokens: int = 64, max_len: int = 2048, dtype: str = "float32",
                drafters=("ngram", "layerskip"), k: int = 4, ngram: int = 3, draft_layers=None,
-               draft: str | None = None, ngram_caps=api.DEFAULT_NGRAM_CAPS, log=print) -> dict:
-  """Greedy chat replies to ``per_category`` prompts of each category: plain decoding, then each drafter on
-  the same prompts in the same run (τ, α, speedup); plus the replies themselves."""
+               draft: str | None = None, ngram_caps=api.DEFAULT_NGRAM_CAPS, repeats: int = 1,
+               log=print) -> dict:
+  """Greedy chat replies to ``per_category`` prompts of each category: plain decoding and each drafter on
+  the same prompts in the same run, interleaved prompt by prompt (τ, α, speedup with its median and
+  interval); plus the replies themselves."""
   chosen = pick_prompts(prompts, categories, per_category)
   m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, dtype=dtype, draft=draft, log=log)
   eos = tuple(m.tokenizer.eos_token_ids)
   outputs, _ = api.generate(m, chosen, max_new_tokens=max_new_tokens, max_len=max_len)
-  ar = bench.measure_autoregressive(m, batches, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
-                                    log=log)
+  specs = [{"drafter": name, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps}
+           for name in drafters]
+  ar, results = bench.compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
+                              draft=d, repeats=repeats, log=log)
   rows = [{"method": "autoregressive", "tokens_per_s": ar["ar_tokens_per_s"], "speedup": 1.0,
            "mean_accepted_length": 1.0, "acceptance_rate": None,
            "roofline_fraction": ar["roofline_fraction"]}]
-  for name in drafters:
-    log(f"[quickstart] drafter {name}, k={k}")
-    r = bench.measure_speculative(m, batches, ar, drafter=name, k=k, max_new_tokens=max_new_tokens,
-                                  max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
-                                  draft=d, ngram_caps=ngram_caps, log=lambda *_: None)
+  for name, r in zip(drafters, results):
     rows.append({"method": f"{name} (k={k})", "tokens_per_s": r["spec_tokens_per_s"], "speedup": r["speedup"],
+                 "speedup_median": r["speedup_median"], "speedup_ci95": r["speedup_ci95"],
                  "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
                  "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"]})
   return {

@@ -1,25 +1,34 @@
-"""Measuring decode speed against the machine's own memory roofline.
+"""Measuring decode speed: speculative vs plain decoding, paired prompt by prompt, and the memory roofline.
 
 Decode is bandwidth-bound: a step must stream every weight once plus the KV entries of the live context.
 ``roofline_tokens_per_s = batch × read_bandwidth ÷ (weight bytes + live KV bytes)`` is the speed no
-implementation can beat on this machine; ``roofline_fraction`` is how close a measured speed comes.
+implementation can beat on this machine; ``roofline_fraction`` is how close a measured speed comes.  The
+bandwidth is probed before and after the decode runs (both reported).
+
+Every method (plain decoding, each drafter setting) decodes each prompt back to back with the others, the
+order rotated from prompt to prompt (``specjax.paired``), so a slowdown of the shared machine lands on both
+sides of each prompt's speedup; ``repeats`` runs the whole interleaved set again for a median and a spread.
 """
 from __future__ import annotations
 
-import time
+import dataclasses
 import functools
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import decode, sampling
+from specjax import paired as paired_lib
 from specjax import speculative as spec
 from specjax.api import (DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits, compile_generate, encode_prompts,
                          make_engine, pad_batch, parse_layers, spec_metrics)
 from specjax.kv_cache import cache_bytes, init_cache
+from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
 
 
@@ -98,28 +107,79 @@ def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int,
   return t2 - t1, res
 
 
-def time_decode(m: Model, engine, draft_params, batches, max_new: int, max_len: int, k_max: int,
-                repeats: int = 1, log=print, timer: Timer | None = None) -> dict:
-  """Decode time over all batches, prefill excluded: each batch is prefilled, then the on-device loop that
-  produces the tokens after the first is timed alone (the same executables as ``generate``).  A first short
-  run on the first batch compiles both (or reads them from the compilation cache) and warms up."""
+@dataclasses.dataclass
+class Method:
+  """One way to decode in a comparison: plain decoding, or a drafter with its settings."""
+  label: str
+  engine: Any
+  draft_params: Any
+  k_max: int
+  settings: dict
+
+
+def autoregressive_method(m: Model, eos_ids, max_len: int) -> Method:
+  engine = make_engine(m, spec.NoDrafter(), 0, sampling.SamplingParams(), eos_ids, max_len)
+  return Method("autoregressive", engine, (), 0, {"drafter": "none", "k": 0})
+
+
+def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
+                       draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS) -> Method:
+  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
+                                         max_len=max_len, ngram_caps=ngram_caps)
+  engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len)
+  settings = {"drafter": drafter, "k": k_max}
+  if drafter == "layerskip":
+    settings["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
+  return Method(f"{drafter} k={k_max}", engine, d_params, k_max, settings)
+
+
+class Run(NamedTuple):
+  seconds: float        # the decode loop alone
+  tokens: int           # tokens it produced (after each sequence's first, which prefill samples)
+  stats: Any            # SpecStats
+  contexts: list        # mean context length of each live sequence
+
+
+def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, timer: Timer) -> Run:
+  """Prefill one batch, then time its decode loop alone."""
+  arr, lens, live = batch
+  t, res = _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, max_new, max_len,
+                               method.k_max, timer)
+  num_new = np.asarray(res.num_new_B)[:live]
+  return Run(max(t, 1e-9), int(np.sum(np.maximum(num_new - 1, 0))), res.stats,
+             [float(l + n / 2) for l, n in zip(lens[:live], num_new)])
+
+
+def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len: int, *, repeats: int = 1,
+                 paired: bool = True, log=print, timer: Timer | None = None, run=None) -> dict:
+  """Decode every batch with every method, ``repeats`` times, in ``paired.schedule`` order (each prompt by
+  every method back to back, the order rotated), after one short warm-up run of each method (which also
+  compiles it).  ``run(method, batch) -> Run`` replaces the real decoding in tests.
+
+  Returns seconds and tokens as [M, R, P] arrays, each method's SpecStats summed over the first repeat
+  (greedy runs repeat exactly), and the live contexts."""
   timer = timer or Timer(log)
-  arr0, lens0, _ = batches[0]
-  _prefill_and_decode(m, engine, draft_params, arr0, lens0, 2, max_len, k_max, timer)
-  decode_s, tokens, stats, contexts = 0.0, 0, None, []
-  for bi, (arr, lens, live) in enumerate(batches):
-    runs = [_prefill_and_decode(m, engine, draft_params, arr, lens, max_new, max_len, k_max, timer)
-            for _ in range(repeats)]
-    t_all, res = min(runs, key=lambda r: r[0])
-    num_new = np.asarray(res.num_new_B)[:live]
-    decode_s += max(t_all, 1e-9)
-    tokens += int(np.sum(np.maximum(num_new - 1, 0)))
-    contexts += [float(l + n / 2) for l, n in zip(lens[:live], num_new)]
-    stats = res.stats if stats is None else jax.tree_util.tree_map(lambda a, b: a + b, stats, res.stats)
-    if len(batches) > 1:
-      log(f"[bench] {engine.drafter.name} k={k_max}: batch {bi + 1}/{len(batches)}")
-  return {"decode_s": decode_s, "tokens": tokens, "tokens_per_s": tokens / decode_s, "stats": stats,
-          "mean_context": float(np.mean(contexts))}
+  M, R, P = len(methods), repeats, len(batches)
+  if run is None:
+    run = lambda method, batch: decode_run(m, method, batch, max_new, max_len, timer)   # noqa: E731
+    for method in methods:          # warm-up: compile, then a couple of steps of each
+      arr, lens, _ = batches[0]
+      _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, 2, max_len, method.k_max, timer)
+  seconds, tokens = np.zeros((M, R, P)), np.zeros((M, R, P), np.int64)
+  stats, contexts = [None] * M, [[] for _ in range(M)]
+  order = paired_lib.schedule(M, P, R, paired)
+  for n, (r, p, i) in enumerate(order):
+    res = run(methods[i], batches[p])
+    seconds[i, r, p], tokens[i, r, p] = res.seconds, res.tokens
+    if r == 0:
+      stats[i] = res.stats if stats[i] is None else jax.tree_util.tree_map(lambda a, b: a + b, stats[i],
+                                                                         res.stats)
+      contexts[i] += res.contexts
+    if P > 1 and (n + 1) % M == 0:
+      log(f"[bench] repeat {r + 1}/{R}, prompt batch {p + 1}/{P}: "
+          + ", ".join(f"{methods[j].label} {tokens[j, r, p] / seconds[j, r, p]:.1f} tok/s" for j in range(M)
+                      if seconds[j, r, p]))
+  return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts}
 
 
 def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int,
@@ -186,85 +246,103 @@ def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int,
   return batches
 
 
-def measure_autoregressive(m: Model, batches, *, max_new_tokens: int, max_len: int, eos_ids,
-                           bandwidth: dict | None = None, log=print, timer: Timer | None = None) -> dict:
-  """Plain decoding speed over ``batches`` and the memory roofline it is compared with."""
-  sp = sampling.SamplingParams()
+def _roofline(m: Model, batch_size: int, mean_context: float, bandwidth_gbs: float) -> float:
+  kv_bytes = batch_size * mean_context * kv_bytes_per_token(m)
+  return batch_size * bandwidth_gbs * 1e9 / (m.weight_bytes + kv_bytes)
+
+
+def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_len: int, eos_ids,
+            draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
+            log=print, timer: Timer | None = None) -> tuple[dict, list[dict]]:
+  """Plain decoding and each speculative setting in ``specs`` (``speculative_method`` keyword dicts, e.g.
+  ``{"drafter": "ngram", "k": 5}``) on the same batches, interleaved prompt by prompt (``paired``), ``repeats``
+  times; the read bandwidth probed before and after.
+
+  Returns (autoregressive results with the roofline, one result dict per spec): totals as before (tokens/s
+  over all runs, speedup = ratio of totals), the paired statistics of ``paired.summarize``, acceptance
+  metrics, and the speedup predicted from τ and the draft and verify costs timed alone."""
+  timer = timer or Timer(log)
   batch_size = batches[0][0].shape[0]
-  engine = make_engine(m, spec.NoDrafter(), 0, sp, eos_ids, max_len)
-  ar = time_decode(m, engine, (), batches, max_new_tokens, max_len, 0, log=log, timer=timer)
-  ar_step_s = ar["decode_s"] / max(1, int(np.asarray(ar["stats"].iterations)))
-  if bandwidth is None:
-    log("[bench] measuring read bandwidth")
-    bandwidth = measure_read_bandwidth()
-  kv_bytes = batch_size * ar["mean_context"] * kv_bytes_per_token(m)
-  roofline = batch_size * bandwidth["best"] * 1e9 / (m.weight_bytes + kv_bytes)
-  return {
-      "ar_tokens_per_s": ar["tokens_per_s"], "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": ar["tokens"],
-      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": kv_bytes,
-      "read_bandwidth_gbs": bandwidth["best"],
-      "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bandwidth.items() if k_ != "best"},
-      "roofline_tokens_per_s": roofline, "roofline_fraction": ar["tokens_per_s"] / roofline,
+  bw_before = bandwidth
+  if bw_before is None:
+    log("[bench] measuring read bandwidth (before decoding)")
+    bw_before = measure_read_bandwidth()
+  methods = [autoregressive_method(m, eos_ids, max_len)] + [
+      speculative_method(m, eos_ids, max_len, draft=draft, **sp) for sp in specs]
+  timed = time_methods(m, methods, batches, max_new_tokens, max_len, repeats=repeats, paired=paired, log=log,
+                       timer=timer)
+  bw_after = bandwidth
+  if bw_after is None:
+    log("[bench] measuring read bandwidth (after decoding)")
+    bw_after = measure_read_bandwidth()
+  secs, toks = timed["seconds"], timed["tokens"]
+  ar_tps = float(toks[0].sum() / secs[0].sum())
+  ar_iters = max(1, int(np.asarray(timed["stats"][0].iterations)))
+  ar_step_s = float(secs[0, 0].sum()) / ar_iters                     # repeat 0: the stats' repeat
+  mean_context = float(np.mean(timed["contexts"][0]))
+  best_bw = max(bw_before["best"], bw_after["best"])
+  roofline = _roofline(m, batch_size, mean_context, best_bw)
+  ar = {
+      "repeats": repeats, "paired": paired,
+      "ar_tokens_per_s": ar_tps, "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": int(toks[0, 0].sum()),
+      "ar_tokens_per_s_spread": paired_lib.spread(toks[0], secs[0]),
+      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": batch_size * mean_context * kv_bytes_per_token(m),
+      "read_bandwidth_gbs": best_bw,
+      "read_bandwidth_gbs_before": bw_before["best"], "read_bandwidth_gbs_after": bw_after["best"],
+      "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bw_before.items() if k_ != "best"},
+      "roofline_tokens_per_s": roofline, "roofline_fraction": ar_tps / roofline,
+      "roofline_fraction_before": ar_tps / _roofline(m, batch_size, mean_context, bw_before["best"]),
+      "roofline_fraction_after": ar_tps / _roofline(m, batch_size, mean_context, bw_after["best"]),
   }
-
-
-def measure_speculative(m: Model, batches, ar: dict, *, drafter: str, k: int, max_new_tokens: int,
-                        max_len: int, eos_ids, ngram: int = 3, draft_layers=None, draft: Model | None = None,
-                        ngram_caps=DEFAULT_NGRAM_CAPS, log=print, timer: Timer | None = None) -> dict:
-  """Speculative decoding speed over the same batches, its acceptance metrics, and the speedup predicted
-  from the measured τ and the measured costs of one draft round and one verify forward (at each
-  verification width, weighted by how often the loop used it)."""
-  sp = sampling.SamplingParams()
-  batch_size = batches[0][0].shape[0]
-  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                                         max_len=max_len, ngram_caps=ngram_caps)
-  engine = make_engine(m, d_obj, k_max, sp, eos_ids, max_len)
-  sd = time_decode(m, engine, d_params, batches, max_new_tokens, max_len, k_max, log=log, timer=timer)
-  metrics = spec_metrics(sd["stats"])
-  arr0, lens0, _ = batches[0]
-  t_draft, t_by_width = time_draft_and_verify(m, engine, d_params, arr0, lens0, max_len, timer=timer)
-  steps = np.asarray(metrics["verify_rows_steps"], np.float64)   # iterations by live verification rows
-  t_verify = float(np.dot(steps, [t_by_width[w] for w in range(1, k_max + 2)]) / max(1.0, steps.sum()))
-  tau = metrics["mean_accepted_length"]
-  predicted = tau * ar["ar_step_ms"] / 1e3 / (t_draft + t_verify)
-  speedup = sd["tokens_per_s"] / ar["ar_tokens_per_s"]
-  out = {"drafter": drafter, "k": k_max, "spec_tokens_per_s": sd["tokens_per_s"], "speedup": speedup,
-         **metrics, "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
-         "verify_ms_by_rows": {str(w): t * 1e3 for w, t in t_by_width.items()},
-         "spec_iteration_ms": sd["decode_s"] / max(1, metrics["iterations"]) * 1e3,
-         "predicted_speedup": predicted, "efficiency": speedup / predicted}
-  if drafter == "layerskip":
-    out["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
-  return out
+  results = []
+  for i, method in enumerate(methods[1:], start=1):
+    metrics = spec_metrics(timed["stats"][i])
+    arr0, lens0, _ = batches[0]
+    t_draft, t_by_width = time_draft_and_verify(m, method.engine, method.draft_params, arr0, lens0, max_len,
+                                                timer=timer)
+    steps = np.asarray(metrics["verify_rows_steps"], np.float64)   # iterations by live verification rows
+    t_verify = float(np.dot(steps, [t_by_width[w] for w in range(1, method.k_max + 2)]) / max(1.0, steps.sum()))
+    tau = metrics["mean_accepted_length"]
+    predicted = tau * ar_step_s / (t_draft + t_verify)
+    stats = paired_lib.summarize(secs[0], toks[0], secs[i], toks[i])
+    results.append({
+        **method.settings, "spec_tokens_per_s": float(toks[i].sum() / secs[i].sum()), **stats, **metrics,
+        "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
+        "verify_ms_by_rows": {str(w): t * 1e3 for w, t in t_by_width.items()},
+        "spec_iteration_ms": float(secs[i, 0].sum()) / max(1, metrics["iterations"]) * 1e3,
+        "predicted_speedup": predicted, "efficiency": stats["speedup"] / predicted})
+    log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
+        f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}")
+  return ar, results
 
 
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
           max_len: int = 2048, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
-          ngram_caps=DEFAULT_NGRAM_CAPS, log=print) -> dict:
-  """Autoregressive decoding — and, with a drafter, speculative decoding on the same prompts — in one run,
-  next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
+          ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, log=print) -> dict:
+  """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
+  before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
+  if repeats < 1:
+    raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
     prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
   batches = make_batches(m, prompts, batch_size, max_new_tokens, max_len)
   eos = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
-  log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}")
+  log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}, {repeats} repeat(s), "
+      f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
             "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
             "backend": jax.default_backend(), "ignore_eos": ignore_eos}
-  if bandwidth is None:
-    t0 = time.perf_counter()
-    log("[bench] measuring read bandwidth")
-    bandwidth = measure_read_bandwidth()
-    result["bandwidth_s"] = time.perf_counter() - t0
-  result.update(measure_autoregressive(m, batches, max_new_tokens=max_new_tokens, max_len=max_len,
-                                       eos_ids=eos, bandwidth=bandwidth, log=log, timer=timer))
-  if drafter != "none":
-    result.update(measure_speculative(m, batches, result, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
-                                      max_len=max_len, eos_ids=eos, ngram=ngram, draft_layers=draft_layers,
-                                      draft=draft, ngram_caps=ngram_caps, log=log, timer=timer))
+  specs = [] if drafter == "none" else [
+      {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps}]
+  ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
+                             draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
+                             timer=timer)
+  result.update(ar)
+  for r in spec_results:
+    result.update(r)
   wall = time.perf_counter() - t_start
   load_s = m.load_s + (draft.load_s if draft is not None else 0.0)
   result.update(load_s=load_s, **timer.as_dict(), bench_s=wall)

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--per-category", type=int, help="use only the first N prompts of each category")
   b.add_argument("--limit", type=int, help="use only the first N prompts")
   b.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+  b.add_argument("--repeats", type=int, default=1,
+                 help="run the whole interleaved prompt set this many times (speedup median, IQR, spread)")
+  b.add_argument("--schedule", choices=["paired", "blocked"], default="paired",
+                 help="paired (default): each prompt decoded plainly and speculatively back to back, the "
+                      "order alternating; blocked: all plain decoding, then all speculative (for comparison)")
   _add_drafter(b)
   b.add_argument("--json", action="store_true")
 
@@ -226,12 +231,17 @@ def cmd_bench(args) -> int:
   m = _load(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=_max_len(args), ignore_eos=args.ignore_eos, draft=_load_draft(args),
-                    log=_log, **_drafter_kwargs(args))
+                    repeats=args.repeats, paired=args.schedule == "paired", log=_log, **_drafter_kwargs(args))
   res.update(_executables())
 
   def human(r):
     from specjax.report import print_table
     print_table([{k: v for k, v in r.items() if not isinstance(v, (dict, list))}], title="specjax bench")
+    if "speedup_median" in r:
+      lo, hi = r["speedup_ci95"]
+      print(f"speedup: median {r['speedup_median']:.3f} (95% CI {lo:.3f}-{hi:.3f}, IQR "
+            f"{r['speedup_iqr'][0]:.3f}-{r['speedup_iqr'][1]:.3f}) over {r['prompts']} prompts x "
+            f"{r['repeats']} repeat(s); ratio of totals {r['speedup']:.3f}")
     if "acceptance_by_position" in r:
       print("acceptance by position: " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]))
   _emit(res, args.json, human)

@@ -142,13 +142,25 @@ def test_bench_json_reports_speculative_metrics(tiny_model, tmp_path):
   prompts.write_text("".join(f'{{"question_id": {i}, "category": "qa", "turns": ["the world the world {i}"]}}\n'
                              for i in range(3)))
   proc = specjax("bench", "--model", tiny_model, "--prompts", str(prompts), "--batch-size", "2",
-                 "--max-new-tokens", "6", "--max-len", "128", "--drafter", "ngram", "--k", "2", "--json")
+                 "--max-new-tokens", "6", "--max-len", "128", "--drafter", "ngram", "--k", "2", "--repeats", "2",
+                 "--json")
   assert proc.returncode == 0, proc.stderr
   obj = json.loads(proc.stdout)
   for key in ("ar_tokens_per_s", "spec_tokens_per_s", "speedup", "mean_accepted_length", "acceptance_rate",
               "acceptance_by_position", "draft_ms", "verify_ms", "predicted_speedup", "efficiency",
-              "roofline_fraction"):
+              "roofline_fraction", "load_s", "compile_s", "prefill_s", "decode_s"):
     assert key in obj, key
+  # Paired statistics over prompts x repeats, and the bandwidth probed on both sides of the decode runs.
+  assert obj["repeats"] == 2 and obj["paired"] is True
+  lo, hi = obj["speedup_ci95"]
+  q25, q75 = obj["speedup_iqr"]
+  assert lo <= obj["speedup_median"] <= hi and q25 <= obj["speedup_median"] <= q75
+  for key in ("ar_tokens_per_s_spread", "spec_tokens_per_s_spread"):
+    a, b, c = obj[key]
+    assert 0 < a <= b <= c
+  assert len(obj["speedup_by_prompt"]) == 2           # 3 prompts in batches of 2
+  assert obj["read_bandwidth_gbs_before"] > 0 and obj["read_bandwidth_gbs_after"] > 0
+  assert obj["read_bandwidth_gbs"] == max(obj["read_bandwidth_gbs_before"], obj["read_bandwidth_gbs_after"])
   assert obj["batch_size"] == 2 and obj["prompts"] == 3 and obj["k"] == 2
   assert obj["speedup"] > 0 and obj["ar_tokens_per_s"] > 0 and obj["verify_ms"] > 0
   assert 1.0 <= obj["mean_accepted_length"] <= 3.0 and len(obj["acceptance_by_position"]) == 2
