@@ -1,6 +1,6 @@
 """Microbenchmarks of the native CPU kernels, each against its XLA reference in the same process.
 
-  python scripts/bench_kernels.py [--json]
+  python scripts/bench_kernels.py [--isa best|all|avx2,...] [--json]
 
 1. matmul: a chain of 90 `x · wᵀ` products with 3072×576 weights (637 MB, far larger than the caches) for
    M = 1..16 rows of x — what one decode (M = 1) or verification (M = k+1) step costs in matmuls.
@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config, decode, model
+from specjax import config, decode, machine, model
 from specjax.kernels import cpu_attention, cpu_matmul, native
+
+ISAS = ["avx512"]   # kernel paths to time (set from --isa)
 from specjax.kv_cache import init_cache
 
 
@@ -49,9 +51,16 @@ def bench_matmul(rows=(1, 2, 3, 5, 6, 9, 16, 24, 32, 48)):
   for M in rows:
     x = jnp.full((M, 576), 0.01, jnp.float32)
     xla = median_ms(chain(cpu_matmul.matmul_t_reference), ws, x)
-    nat = median_ms(chain(cpu_matmul.matmul_t_native), ws, x)
-    out.append({"rows": M, "xla_ms": xla, "native_ms": nat, "native_gbs": nbytes / nat / 1e6})
-    print(f"matmul M={M:2d}: XLA {xla:6.1f} ms  native {nat:6.1f} ms  ({nbytes / nat / 1e6:.1f} GB/s)", flush=True)
+    row = {"rows": M, "xla_ms": xla}
+    for isa in ISAS:     # the same executable: the kernel reads the path on every call
+      native.set_isa(isa)
+      nat = median_ms(chain(cpu_matmul.matmul_t_native), ws, x)
+      row[f"native_{isa}_ms"], row[f"native_{isa}_gbs"] = nat, nbytes / nat / 1e6
+    native.set_isa(native.detected_isa())
+    out.append(row)
+    print(f"matmul M={M:2d}: XLA {xla:6.1f} ms  " + "  ".join(
+        f"{isa} {row[f'native_{isa}_ms']:6.1f} ms ({row[f'native_{isa}_gbs']:.1f} GB/s)" for isa in ISAS),
+        flush=True)
   return out
 
 
@@ -62,8 +71,11 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
   buckets = decode.kv_buckets(S)
   applies = cpu_attention.applies
   table = {(ctx, T): {"context": ctx, "new_tokens": T} for ctx in contexts for T in rows}
-  for label, use_native in (("native_attention_ms", True), ("xla_attention_ms", False)):
+  variants = [(f"native_{isa}_attention_ms", True, isa) for isa in ISAS] + [("xla_attention_ms", False, None)]
+  for label, use_native, isa in variants:
     cpu_attention.applies = applies if use_native else (lambda *a: False)
+    if isa:
+      native.set_isa(isa)
     for T in rows:   # one compile per (variant, T); the context is data
       # The cache is donated and fed back, as in the decode loop (else every call copies the whole buffer).
       fwd = jax.jit(lambda p, t, pos, c: model.forward(p, cfg, t, pos, c, kv_buckets=buckets),
@@ -85,10 +97,12 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
         table[ctx, T][label] = ms
         print(f"forward {label[:-3]:>16} ctx={ctx:4d} T={T}: {ms:5.1f} ms", flush=True)
   cpu_attention.applies = applies
+  native.set_isa(native.detected_isa())
   out = list(table.values())
+  best = f"native_{native.detected_isa()}_attention_ms"
   for r in out:   # verification cost relative to a one-token step at the same context
     base = next(b for b in out if b["context"] == r["context"] and b["new_tokens"] == 1)
-    r["native_vs_one_token"] = r["native_attention_ms"] / base["native_attention_ms"]
+    r["native_vs_one_token"] = r[best] / base[best]
     r["xla_vs_one_token"] = r["xla_attention_ms"] / base["xla_attention_ms"]
   return out
 
@@ -96,11 +110,25 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--json", action="store_true", help="print the results as JSON at the end")
+  ap.add_argument("--isa", default="best",
+                  help="kernel paths to time: 'best' (what this CPU runs), 'all' (every path it supports), or "
+                       "a comma list of portable,avx2,avx512")
+  ap.add_argument("--rows", default="1,2,3,5,6,9,16,24,32,48", help="matmul row counts M")
+  ap.add_argument("--contexts", default="100,700,1500", help="forward: cached tokens before the new ones")
+  ap.add_argument("--new-tokens", default="1,2,4,6,9", help="forward: new tokens T per step")
+  ap.add_argument("--skip-forward", action="store_true")
   args = ap.parse_args()
   if not native.available():
     raise SystemExit("the native kernels are not available here (SPECJAX_NATIVE=0, no compiler, or not a CPU)")
-  result = {"backend": jax.default_backend(), "jax": jax.__version__, "matmul": bench_matmul(),
-            "forward": bench_forward()}
+  supported = native.ISAS[:native.ISAS.index(native.detected_isa()) + 1]
+  global ISAS
+  ISAS = {"best": [native.detected_isa()], "all": list(supported)}.get(
+      args.isa, [i for i in args.isa.split(",") if i in supported])
+  ints = lambda text: tuple(int(v) for v in text.split(","))   # noqa: E731
+  print(f"machine: {machine.short()}; paths timed: {', '.join(ISAS)}", flush=True)
+  result = {"machine": machine.describe(), "paths": ISAS, "matmul": bench_matmul(ints(args.rows))}
+  if not args.skip_forward:
+    result["forward"] = bench_forward(ints(args.contexts), ints(args.new_tokens))
   if args.json:
     print(json.dumps(result, indent=2))
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, sampling
+from specjax import decode, machine, sampling
 from specjax import paired as paired_lib
 from specjax import speculative as spec
 from specjax.api import (DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits, compile_generate, encode_prompts,
@@ -334,7 +334,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
       f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
             "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
-            "backend": jax.default_backend(), "ignore_eos": ignore_eos}
+            "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": machine.describe()}
+  log(f"[bench] machine: {machine.short(result['machine'])}")
   specs = [] if drafter == "none" else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps}]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import threading
 from pathlib import Path
 
@@ -34,32 +33,16 @@ def wanted() -> bool:
   return os.environ.get("SPECJAX_COMPILE_CACHE", "1") != "0"
 
 
-def cpu_description() -> str:
-  """The CPU's model name and ISA flags (Linux /proc/cpuinfo; elsewhere platform strings)."""
-  model, flags = platform.processor() or platform.machine(), ""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model in ("", platform.machine(), platform.processor()):
-          model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-          flags = " ".join(sorted(value.split()))
-        if key in ("flags", "Features") and model:
-          break
-  except OSError:
-    pass
-  return f"{model} | {flags}"
-
-
 def machine_tag() -> str:
   """Short name of everything an executable depends on beyond what jax's cache key covers."""
   backend = jax.default_backend()
   parts = [backend, jax.__version__]
   if backend == "cpu":
     from specjax.kernels import native
-    parts += [cpu_description(), native.source_digest() if native.available() else "xla-only"]
+    from specjax.machine import cpu_info
+    info = cpu_info()
+    parts += [info["model"], str(info["family"]), str(info["model_number"]), " ".join(info["flags"]),
+              native.source_digest() if native.available() else "xla-only"]
   else:
     parts += sorted({d.device_kind for d in jax.devices()})
   return f"{backend}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}"

@@ -64,7 +64,8 @@ def run_from_files(config_files: list[str], bindings: list[str], out: str | None
   out_dir.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   result = experiment(log=log)
-  result = {"experiment": name, "wall_s": time.perf_counter() - t0, **result}
+  from specjax import machine
+  result = {"experiment": name, "wall_s": time.perf_counter() - t0, "machine": machine.describe(), **result}
   write_run(out_dir, result, gin.config_str())
   result["run_dir"] = str(out_dir)
   return result, out_dir

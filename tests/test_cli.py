@@ -99,6 +99,7 @@ def test_run_writes_a_run_directory(tiny_model, tmp_path):
   for f in ("config.gin", "results.json", "results.csv", "speedup.png"):
     assert (out / f).is_file(), f
   assert "quickstart.max_new_tokens = 3" in (out / "config.gin").read_text()
+  assert json.loads((out / "results.json").read_text())["machine"]["kernel_path"]
 
 
 def test_models_lists_default(tmp_path):
@@ -161,6 +162,10 @@ def test_bench_json_reports_speculative_metrics(tiny_model, tmp_path):
   assert len(obj["speedup_by_prompt"]) == 2           # 3 prompts in batches of 2
   assert obj["read_bandwidth_gbs_before"] > 0 and obj["read_bandwidth_gbs_after"] > 0
   assert obj["read_bandwidth_gbs"] == max(obj["read_bandwidth_gbs_before"], obj["read_bandwidth_gbs_after"])
+  machine = obj["machine"]                           # every benchmark names its machine
+  for key in ("cpu", "cpu_flags", "cores", "kernel_path", "jax", "backend"):
+    assert key in machine, key
+  assert machine["cores"] >= 1 and machine["cpu"]
   assert obj["batch_size"] == 2 and obj["prompts"] == 3 and obj["k"] == 2
   assert obj["speedup"] > 0 and obj["ar_tokens_per_s"] > 0 and obj["verify_ms"] > 0
   assert 1.0 <= obj["mean_accepted_length"] <= 3.0 and len(obj["acceptance_by_position"]) == 2

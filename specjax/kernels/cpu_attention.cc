@@ -11,18 +11,22 @@
 // buffer [L, B, S, K, E] (no slice, no copy), with a vectorised exp, split over a few threads (parallel.h).
 //
 // Exposed as the XLA FFI target "specjax_attend_cache" (see cpu_attention.py, which holds the reference).
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+//
+// Paths (isa.h picks one at run time from the CPU's features): AVX-512F and AVX2+FMA units for head sizes
+// that are multiples of 16 / 8 floats, and a portable unit the compiler vectorises for the baseline.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "isa.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
+
+#if SPECJAX_X86
+#include <immintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -117,9 +121,9 @@ void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, 
   }
 }
 
-#if defined(__AVX512F__)
+#if SPECJAX_X86
 // exp(x) for x <= 0, 16 lanes: 2^n * e^f with n = round(x log2 e), |f| <= ln2 / 2, e^f by Taylor to degree 6.
-inline __m512 Exp512(__m512 x) {
+SPECJAX_TARGET_AVX512 inline __m512 Exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -137,7 +141,7 @@ inline __m512 Exp512(__m512 x) {
 // The same unit for head sizes E = 16 * EC: each query row is held in EC registers, key and value rows are
 // read in 16-float chunks (four key rows per pass), and the softmax runs 16 slots at a time.
 template <int EC>
-void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
   constexpr int64_t E = EC * 16;
   const int64_t G = a.G, KE = a.K * E;
   const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
@@ -206,16 +210,124 @@ void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) 
     for (int c = 0; c < EC; ++c) _mm512_storeu_ps(orow + g * E + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
   }
 }
+
+// exp(x) for x <= 0, 8 lanes (AVX2 has no scalef: 2^n is built in the exponent bits).
+SPECJAX_TARGET_AVX2 inline __m256 Exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.6931471805599453f), x);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+SPECJAX_TARGET_AVX2 inline float Sum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+SPECJAX_TARGET_AVX2 inline float Max256(__m256 v) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+// The AVX2 unit for head sizes E = 8 * EC: as UnitAvx512 with 8-float chunks; the softmax's vector loops
+// stop at a multiple of 8 slots and finish the rest one at a time.
+template <int EC>
+SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+  constexpr int64_t E = EC * 8;
+  const int64_t G = a.G, KE = a.K * E;
+  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);
+  const int64_t last8 = last & ~int64_t{7};
+  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
+  const bool* m = a.mask + (b * a.T + t) * a.T;
+  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
+  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores;
+    __m256 qv[EC];
+    for (int c = 0; c < EC; ++c) qv[c] = _mm256_mul_ps(_mm256_loadu_ps(qrow + g * E + 8 * c), _mm256_set1_ps(a.scale));
+    int64_t j = 0;
+    for (; j + 2 <= last; j += 2) {   // two key rows per pass: 2 accumulators + EC query registers
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      const float* k0 = kb + j * KE;
+      for (int c = 0; c < EC; ++c) {
+        s0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), s0);
+        s1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + KE + 8 * c), s1);
+      }
+      sg[j] = Sum256(s0);
+      sg[j + 1] = Sum256(s1);
+    }
+    for (; j < last; ++j) {
+      __m256 s0 = _mm256_setzero_ps();
+      for (int c = 0; c < EC; ++c) s0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kb + j * KE + 8 * c), s0);
+      sg[j] = Sum256(s0);
+    }
+    for (int64_t i = ctx; i < last; ++i)
+      if (!m[i - ctx]) sg[i] = -INFINITY;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j < last8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
+    float mxs = Max256(mx);
+    for (j = last8; j < last; ++j) mxs = std::max(mxs, sg[j]);
+    if (mxs == -INFINITY) mxs = 0.f;
+    const __m256 mxv = _mm256_set1_ps(mxs);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < last8; j += 8) {
+      const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + j), mxv));
+      _mm256_storeu_ps(sg + j, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    float total = Sum256(sum);
+    for (j = last8; j < last; ++j) {
+      sg[j] = ExpNonPositive(sg[j] - mxs);
+      total += sg[j];
+    }
+    for (int64_t i = ctx; i < last; ++i)  // masked slots: exactly zero
+      if (!m[i - ctx]) total -= sg[i], sg[i] = 0.f;
+    const float inv = total > 0.f ? 1.0f / total : 0.f;
+    __m256 acc[EC];
+    for (int c = 0; c < EC; ++c) acc[c] = _mm256_setzero_ps();
+    for (j = 0; j < last; ++j) {
+      const __m256 p = _mm256_set1_ps(sg[j]);
+      const float* vr = vb + j * KE;
+      for (int c = 0; c < EC; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < EC; ++c) _mm256_storeu_ps(orow + g * E + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+  }
+}
 #endif
 
 void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
-#if defined(__AVX512F__)
-  switch (a.E) {
-    case 16: return UnitAvx512<1>(a, b, kh, t, scores);
-    case 32: return UnitAvx512<2>(a, b, kh, t, scores);
-    case 64: return UnitAvx512<4>(a, b, kh, t, scores);
-    case 128: return UnitAvx512<8>(a, b, kh, t, scores);
-    default: break;
+#if SPECJAX_X86
+  const int32_t isa = specjax::ActiveIsa();
+  if (isa == specjax::kAvx512) {
+    switch (a.E) {
+      case 16: return UnitAvx512<1>(a, b, kh, t, scores);
+      case 32: return UnitAvx512<2>(a, b, kh, t, scores);
+      case 64: return UnitAvx512<4>(a, b, kh, t, scores);
+      case 128: return UnitAvx512<8>(a, b, kh, t, scores);
+      default: break;
+    }
+  } else if (isa == specjax::kAvx2) {
+    switch (a.E) {
+      case 8: return UnitAvx2<1>(a, b, kh, t, scores);
+      case 16: return UnitAvx2<2>(a, b, kh, t, scores);
+      case 32: return UnitAvx2<4>(a, b, kh, t, scores);
+      case 64: return UnitAvx2<8>(a, b, kh, t, scores);
+      case 128: return UnitAvx2<16>(a, b, kh, t, scores);
+      default: break;
+    }
   }
 #endif
   Unit(a, b, kh, t, scores);

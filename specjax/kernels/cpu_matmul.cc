@@ -7,16 +7,20 @@
 //
 // Exposed to JAX as the XLA FFI target "specjax_matmul_t" (see cpu_matmul.py, which also holds the
 // reference implementation and builds this file with the system C++ compiler on first use).
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+//
+// Paths (isa.h picks one at run time from the CPU's features): AVX-512F (16-wide tiles), AVX2+FMA (8-wide
+// tiles), and a portable loop the compiler vectorises for the baseline.  Each equals matmul_t_reference.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "isa.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
+
+#if SPECJAX_X86
+#include <immintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -69,11 +73,11 @@ void RowBlockPortable(const Task& t, int64_t n0, int64_t n1) {
   }
 }
 
-#if defined(__AVX512F__)
+#if SPECJAX_X86
 // A tile: 4 weight rows (loaded once per 16 columns) against MB rows of x held in 4*MB accumulators, while
 // prefetching the next tile's rows so the memory stream keeps going during the arithmetic.
 template <int MB>
-inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool prefetch) {
+SPECJAX_TARGET_AVX512 inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool prefetch) {
   const int64_t D = t.D;
   const float* xr[MB];
   for (int i = 0; i < MB; ++i) xr[i] = t.x + t.row[m0 + i] * D;
@@ -117,7 +121,7 @@ inline void Tile(const Task& t, const float* w0, int64_t n, int64_t m0, bool pre
   }
 }
 
-void RowBlock(const Task& t, int64_t n0, int64_t n1) {
+SPECJAX_TARGET_AVX512 void RowBlockAvx512(const Task& t, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
     const float* w0 = t.w + n * t.D;
@@ -135,9 +139,76 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) {
   }
   if (n < n1) RowBlockPortable(t, n, n1);
 }
-#else
-void RowBlock(const Task& t, int64_t n0, int64_t n1) { RowBlockPortable(t, n0, n1); }
+
+// AVX2: the same tile, 8 columns at a time.  16 ymm registers hold 4*MB accumulators, MB rows of x and one
+// weight row, so MB <= 3; the weight rows are loaded one at a time and each feeds MB multiply-adds.
+SPECJAX_TARGET_AVX2 inline float HorizontalSum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+template <int MB>
+SPECJAX_TARGET_AVX2 inline void Tile8(const Task& t, const float* w0, int64_t n, int64_t m0, bool prefetch) {
+  const int64_t D = t.D;
+  const float* xr[MB];
+  for (int i = 0; i < MB; ++i) xr[i] = t.x + t.row[m0 + i] * D;
+  __m256 acc[MB][4];
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    if (prefetch && (d & 15) == 0) {   // one prefetch per 64-byte line of each of the next tile's rows
+      const char* p = reinterpret_cast<const char*>(w0 + 4 * D + d);
+      _mm_prefetch(p, _MM_HINT_T0);
+      _mm_prefetch(p + 4 * D, _MM_HINT_T0);
+      _mm_prefetch(p + 8 * D, _MM_HINT_T0);
+      _mm_prefetch(p + 12 * D, _MM_HINT_T0);
+    }
+    __m256 xv[MB];
+    for (int i = 0; i < MB; ++i) xv[i] = _mm256_loadu_ps(xr[i] + d);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w0 + r * D + d);
+      for (int i = 0; i < MB; ++i) acc[i][r] = _mm256_fmadd_ps(wv, xv[i], acc[i][r]);
+    }
+  }
+  float tail[MB][4] = {};
+  for (; d < D; ++d)   // at most 7 tail columns
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < MB; ++i) tail[i][r] += w0[r * D + d] * xr[i][d];
+  for (int i = 0; i < MB; ++i) {
+    float* yr = t.y + t.row[m0 + i] * t.N + n;
+    for (int r = 0; r < 4; ++r) yr[r] = HorizontalSum256(acc[i][r]) + tail[i][r];
+  }
+}
+
+SPECJAX_TARGET_AVX2 void RowBlockAvx2(const Task& t, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w0 = t.w + n * t.D;
+    const bool prefetch = n + 8 <= n1;
+    int64_t m = 0;
+    for (; m + 3 <= t.M; m += 3) Tile8<3>(t, w0, n, m, prefetch);
+    switch (t.M - m) {
+      case 1: Tile8<1>(t, w0, n, m, prefetch); break;
+      case 2: Tile8<2>(t, w0, n, m, prefetch); break;
+      default: break;
+    }
+  }
+  if (n < n1) RowBlockPortable(t, n, n1);
+}
 #endif
+
+void RowBlock(const Task& t, int64_t n0, int64_t n1) {
+#if SPECJAX_X86
+  switch (specjax::ActiveIsa()) {
+    case specjax::kAvx512: return RowBlockAvx512(t, n0, n1);
+    case specjax::kAvx2: return RowBlockAvx2(t, n0, n1);
+    default: break;
+  }
+#endif
+  RowBlockPortable(t, n0, n1);
+}
 
 // Rows of w are split into blocks of 64 rows, taken in turn by the caller and the helper threads (see
 // parallel.h: they stay awake between the back-to-back kernels of a step, so no call waits for a wake-up).
@@ -196,3 +267,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxMatmulT, MatmulT,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// The path in use, forcing one (never above what the CPU has), and what the CPU has (see isa.h).
+extern "C" int32_t SpecjaxKernelIsa() { return specjax::ActiveIsa(); }
+
+extern "C" int32_t SpecjaxSetIsa(int32_t isa) {
+  const int32_t best = specjax::DetectIsa();
+  specjax::ActiveIsaSlot().store(std::clamp<int32_t>(isa, specjax::kPortable, best));
+  return specjax::ActiveIsa();
+}
+
+extern "C" int32_t SpecjaxDetectedIsa(int32_t pretend_no_features) {
+  specjax::PretendNoFeatures().store(pretend_no_features);
+  return specjax::DetectIsa();
+}

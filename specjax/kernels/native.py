@@ -23,7 +23,11 @@ import jax
 TARGETS = {"specjax_matmul_t": "SpecjaxMatmulT", "specjax_attend_cache": "SpecjaxAttendCache"}
 _SOURCES = sorted(Path(__file__).parent.glob("*.cc"))
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
-_FLAGS = ["-O3", "-march=native", "-std=c++20", "-fopenmp-simd", "-fPIC", "-shared", "-w"]
+# No -march=native: the library is built for its architecture's baseline, and each fast path (AVX-512F,
+# AVX2+FMA) is a function compiled for its own target and chosen at run time from the CPU's features
+# (isa.h), so a library built on one machine never runs an instruction another machine lacks.
+_FLAGS = ["-O3", "-std=c++20", "-fopenmp-simd", "-fPIC", "-shared", "-w"]
+ISAS = ("portable", "avx2", "avx512")     # SpecjaxKernelIsa() values 0, 1, 2
 _STATE: dict = {"loaded": None}
 _LOCK = threading.Lock()
 
@@ -98,7 +102,13 @@ def available() -> bool:
       lib = ctypes.cdll.LoadLibrary(str(path))
       for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+      for fn in (lib.SpecjaxKernelIsa, lib.SpecjaxSetIsa, lib.SpecjaxDetectedIsa):
+        fn.restype = ctypes.c_int32
+      _STATE["lib"] = lib
       ok = True
+      forced = os.environ.get("SPECJAX_CPU_ISA")
+      if forced:
+        set_isa(forced)
   _STATE["loaded"] = ok
   return ok
 
@@ -107,3 +117,39 @@ def require() -> None:
   if not available():
     raise RuntimeError("the native CPU kernels are not available here (SPECJAX_NATIVE=0, not on the CPU, or the "
                        "build failed): call the reference implementation instead")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Instruction-set paths
+
+
+def isa() -> str | None:
+  """The path the kernels take on this CPU ('avx512', 'avx2' or 'portable'); None without the kernels."""
+  if not available():
+    return None
+  return ISAS[_STATE["lib"].SpecjaxKernelIsa()]
+
+
+def detected_isa() -> str | None:
+  """The best path this CPU supports (what ``isa`` is unless forced lower)."""
+  if not available():
+    return None
+  return ISAS[_STATE["lib"].SpecjaxDetectedIsa(0)]
+
+
+def set_isa(name: str) -> str:
+  """Force a path (``SPECJAX_CPU_ISA`` does this at load): never above what the CPU supports — asking for
+  more gives the best available.  Returns the path now in use.  Compiled executables need not change: the
+  kernels read the choice on every call."""
+  if name not in ISAS:
+    raise ValueError(f"unknown kernel path {name!r}: choose one of {', '.join(ISAS)}")
+  require()
+  return ISAS[_STATE["lib"].SpecjaxSetIsa(ISAS.index(name))]
+
+
+def pretend_cpu_without_features(on: bool) -> str:
+  """Make the kernels' feature check report no vector extensions (as on a CPU older than the one the library
+  was built on) and re-pick the path; ``False`` restores the real check.  For tests."""
+  require()
+  best = _STATE["lib"].SpecjaxDetectedIsa(1 if on else 0)
+  return ISAS[_STATE["lib"].SpecjaxSetIsa(best)]

@@ -1,0 +1,54 @@
+// Which instruction set the native kernels use: chosen at run time from what the running CPU has.
+//
+// The library is built for the baseline of its architecture (no -march=native), and each fast path is a
+// function compiled for its own target (`SPECJAX_TARGET_AVX512`, `SPECJAX_TARGET_AVX2`).  Only the path the
+// CPU supports is ever called, so a library built on one machine and loaded on another (a shared cache, a
+// container moved between hosts) runs the best path that machine has instead of faulting on an instruction it
+// lacks.
+//
+//   SpecjaxKernelIsa()      the path in use: 0 portable (compiler-vectorised loops), 1 AVX2+FMA, 2 AVX-512F
+//   SpecjaxSetIsa(i)        use path i if the CPU supports it, else the best one below it; returns the path
+//                           now in use (tests force each path in turn; SPECJAX_CPU_ISA does it from Python)
+//   SpecjaxDetectedIsa(f)   what the CPU supports; f = 1 pretends it supports nothing beyond the baseline
+//                           (the test of a library meeting a CPU without its instructions)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define SPECJAX_X86 1
+#define SPECJAX_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define SPECJAX_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define SPECJAX_X86 0
+#endif
+
+namespace specjax {
+
+enum Isa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+inline std::atomic<int32_t>& PretendNoFeatures() {
+  static std::atomic<int32_t> pretend{0};
+  return pretend;
+}
+
+inline int32_t DetectIsa() {
+#if SPECJAX_X86
+  if (PretendNoFeatures().load()) return kPortable;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+#endif
+  return kPortable;
+}
+
+inline std::atomic<int32_t>& ActiveIsaSlot() {
+  static std::atomic<int32_t> active{DetectIsa()};
+  return active;
+}
+
+inline int32_t ActiveIsa() { return ActiveIsaSlot().load(std::memory_order_relaxed); }
+
+}  // namespace specjax
