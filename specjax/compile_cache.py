@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -67,7 +68,12 @@ def enable(on: bool | None = None) -> Path | None:
   path = cache_dir() / "xla" / machine_tag()
   if _STATE["dir"] == path:
     return path
-  path.mkdir(parents=True, exist_ok=True)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    print(f"[specjax] cannot use the compilation cache at {path} ({e}): compiling without it",
+          file=sys.stderr, flush=True)
+    return enable(False)
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", str(path))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # keep every executable we compile

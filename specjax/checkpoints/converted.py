@@ -89,7 +89,10 @@ def source_digest(path: Path) -> str:
   except (OSError, ValueError):
     pass
   digest = file_sha256(path)
-  _atomic_write_text(memo, json.dumps({**stamp, "sha256": digest}))
+  try:
+    _atomic_write_text(memo, json.dumps({**stamp, "sha256": digest}))
+  except OSError:   # a read-only cache: hash again next time
+    pass
   return digest
 
 
@@ -182,7 +185,12 @@ def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, sour
                                               "tokenizer": tokenizer.to_json()}))
     if entry.exists():
       shutil.rmtree(entry, ignore_errors=True)
-    os.replace(tmp, entry)
+    try:
+      os.replace(tmp, entry)
+    except OSError:
+      if not (entry / MODEL_FILE).is_file():
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)   # another process finished the same entry first: keep theirs
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
