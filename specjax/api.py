@@ -90,7 +90,9 @@ def load(name_or_path: str, dtype: str = "float32") -> Model:
     raise SpecjaxError(f"unknown dtype '{dtype}': use one of {sorted(_DTYPES)}")
   from specjax import compile_cache
   from specjax.kernels import native
+  from specjax.checkpoints import resolve
   t0 = time.perf_counter()
+  resolve(name_or_path)     # a bad name or path fails here, before anything starts in the background
   native.start_build()      # a first run compiles the CPU kernels while the weights load
   loaded = load_model(name_or_path, dtype=_DTYPES[dtype])
   compile_cache.enable()    # registers the kernels before any cached executable can be read
@@ -247,13 +249,13 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
   cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, jnp.float32))
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   B = batch_size
-  init_lowered = spec.init_jit.lower(engine, m.prefill_params, draft_params, cache, i32(B, prompt_pad),
-                                     i32(B), i32(B), jax.random.PRNGKey(0))
+  init_traced = spec.init_jit.trace(engine, m.prefill_params, draft_params, cache, i32(B, prompt_pad), i32(B),
+                                    i32(B), jax.random.PRNGKey(0))
   todo = {}
   if init_key not in m._compiled:
-    todo[init_key] = init_lowered
-  if loop_key not in m._compiled:
-    todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, init_lowered.out_info,
+    todo[init_key] = init_traced.lower()
+  if loop_key not in m._compiled:   # the state's shapes come from the prefill's trace: no second trace
+    todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, init_traced.out_info,
                                                 i32(B))
   if len(todo) == 1:
     (key, lowered), = todo.items()

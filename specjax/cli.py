@@ -13,7 +13,8 @@ from typing import Any
 
 
 def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
+  sys.stderr.write(msg + "\n")     # one write per line: helper threads may log too
+  sys.stderr.flush()
 
 
 def _emit(obj: Any, as_json: bool, human) -> None:
@@ -275,25 +276,30 @@ COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokeni
             "run": cmd_run, "models": cmd_models}
 
 
+def _error(line: str) -> None:
+  """The one error line, in a single write (helper threads may log at the same moment)."""
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   from specjax.errors import SpecjaxError
   try:
     return COMMANDS[args.command](args)
   except SpecjaxError as e:
-    print(f"specjax: error: {e}", file=sys.stderr)
+    _error(f"specjax: error: {e}")
     return 2
   except KeyboardInterrupt:
-    print("specjax: interrupted", file=sys.stderr)
+    _error("specjax: interrupted")
     return 130
   except (OSError, MemoryError) as e:
-    print(f"specjax: error: {type(e).__name__}: {e}", file=sys.stderr)
+    _error(f"specjax: error: {type(e).__name__}: {e}")
     return 2
   except Exception as e:  # noqa: BLE001 -- keep the one-line contract; SPECJAX_DEBUG=1 shows the traceback
     if os.environ.get("SPECJAX_DEBUG"):
       raise
-    print(f"specjax: error: unexpected {type(e).__name__}: {e} (set SPECJAX_DEBUG=1 for a traceback)",
-          file=sys.stderr)
+    _error(f"specjax: error: unexpected {type(e).__name__}: {e} (set SPECJAX_DEBUG=1 for a traceback)")
     return 1
 
 

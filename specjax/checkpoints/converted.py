@@ -51,7 +51,8 @@ class CorruptEntry(Exception):
 
 
 def _log(message: str) -> None:
-  print(f"[specjax] {message}", file=sys.stderr, flush=True)
+  sys.stderr.write(f"[specjax] {message}\n")   # one write: other threads may log at the same moment
+  sys.stderr.flush()
 
 
 def root() -> Path:

@@ -37,6 +37,13 @@ def _cache_dir() -> Path:
   return cache_dir() / "kernels"
 
 
+def _say(message: str) -> None:
+  """One line on stderr in a single write (the build runs on a helper thread: a line must not interleave
+  with the main thread's output)."""
+  sys.stderr.write(f"[specjax] {message}\n")
+  sys.stderr.flush()
+
+
 def source_digest() -> str:
   """Hash of the kernel sources, the compiler flags and the jax version (names the built library)."""
   digest = hashlib.sha256(" ".join(_FLAGS).encode() + jax.__version__.encode())
@@ -45,16 +52,21 @@ def source_digest() -> str:
   return digest.hexdigest()[:16]
 
 
+def _library_path() -> Path:
+  return _cache_dir() / f"libspecjax_cpu_{source_digest()}.so"
+
+
+def _compiler() -> str | None:
+  return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
 def _build() -> Path | None:
-  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+  cxx = _compiler()
   if cxx is None:
-    print("[specjax] no C++ compiler found: using XLA for matmuls and attention on the CPU (slower decoding)",
-          file=sys.stderr)
     return None
-  out = _cache_dir() / f"libspecjax_cpu_{source_digest()}.so"
+  out = _library_path()
   if out.is_file():
     return out
-  print("[specjax] building the native CPU kernels (once per source version)", file=sys.stderr, flush=True)
   out.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
     tmp_out = Path(tmp) / out.name
@@ -62,7 +74,7 @@ def _build() -> Path | None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
       first = (proc.stderr.strip().splitlines() or ["?"])[0]
-      print(f"[specjax] building the native CPU kernels failed ({first}): using XLA", file=sys.stderr)
+      _say(f"building the native CPU kernels failed ({first}): using XLA")
       return None
     os.replace(tmp_out, out)
   return out
@@ -78,6 +90,11 @@ def start_build() -> None:
   with _LOCK:
     if _STATE["loaded"] is not None or "builder" in _STATE or not _wanted():
       return
+    if not _library_path().is_file():   # said here, on the caller's thread, so it never lands after an error
+      if _compiler() is None:
+        _say("no C++ compiler found: using XLA for matmuls and attention on the CPU (slower decoding)")
+      else:
+        _say("building the native CPU kernels (once per source version)")
     result: list = []
     thread = threading.Thread(target=lambda: result.append(_build()), name="specjax-kernel-build", daemon=True)
     _STATE["builder"] = (thread, result)
