@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
 
   m = sub.add_parser("models", help="list known models and whether each is cached")
   m.add_argument("--json", action="store_true")
+
+  c = sub.add_parser("cache", help="what the specjax cache holds (models, converted weights, kernels, "
+                                   "compiled executables), and clearing it")
+  c.add_argument("--clear", choices=["converted", "xla", "kernels", "all"],
+                 help="delete that part (models/ holds downloads and is kept unless 'all')")
+  c.add_argument("--json", action="store_true")
   return parser
 
 
@@ -272,8 +278,32 @@ def cmd_models(args) -> int:
   return 0
 
 
+def cmd_cache(args) -> int:
+  import shutil
+  from specjax.checkpoints import cache_dir
+  root = cache_dir()
+  parts = ("models", "converted", "kernels", "xla")
+  if args.clear:
+    for part in parts if args.clear == "all" else (args.clear,):
+      shutil.rmtree(root / part, ignore_errors=True)
+    _log(f"[specjax] cleared {args.clear} in {root}")
+
+  def size(path):
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+  rows = [{"part": part, "path": str(root / part), "bytes": size(root / part),
+           "entries": len([p for p in (root / part).iterdir() if not p.name.startswith(".") and p.name != "sources"])
+           if (root / part).is_dir() else 0} for part in parts]
+
+  def human(rs):
+    from specjax.report import print_table
+    print_table([{**r, "MB": round(r["bytes"] / 1e6, 1)} for r in rs], title=f"specjax cache: {root}")
+  _emit({"cache_dir": str(root), "parts": rows}, args.json, lambda o: human(rows))
+  return 0
+
+
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
-            "run": cmd_run, "models": cmd_models}
+            "run": cmd_run, "models": cmd_models, "cache": cmd_cache}
 
 
 def _error(line: str) -> None:

@@ -167,3 +167,17 @@ def test_second_process_compiles_nothing(tmp_path, gguf_file):
   assert off.returncode == 0, off.stderr
   s3 = json.loads(off.stdout)["stats"]
   assert s3["executables_from_cache"] == 0 and s3["executables_compiled"] > 0 and s3["compile_cache_dir"] is None
+
+
+def test_cache_command_lists_and_clears(tmp_path, gguf_file):
+  cache = tmp_path / "cache"
+  assert _cli("tokenize", "--model", str(gguf_file), "--text", "hello", cache=cache).returncode == 0
+  listed = json.loads(_cli("cache", "--json", cache=cache).stdout)
+  parts = {p["part"]: p for p in listed["parts"]}
+  assert parts["converted"]["bytes"] > 0 and parts["converted"]["entries"] >= 1
+  cleared = _cli("cache", "--clear", "converted", "--json", cache=cache)
+  assert cleared.returncode == 0, cleared.stderr
+  parts = {p["part"]: p for p in json.loads(cleared.stdout)["parts"]}
+  assert parts["converted"]["bytes"] == 0
+  again = _cli("tokenize", "--model", str(gguf_file), "--text", "hello", cache=cache)
+  assert again.returncode == 0 and "converting" in again.stderr      # rebuilt on the next load
