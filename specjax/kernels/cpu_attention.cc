@@ -43,6 +43,28 @@ struct Args {
   float scale;
 };
 
+// Where one unit (the G query heads of kv head kh at new position t of sequence b) reads and writes.
+struct UnitView {
+  int64_t ctx, last;            // committed slots, and slots [0, last) that are candidates
+  const float *kb, *vb, *qrow;  // key and value rows of this kv head (stride K*E), the first query row
+  const bool* m;                // visibility of the new slots
+  float* orow;                  // the first output row
+};
+
+inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E) {
+  const int64_t KE = a.K * E, ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E;
+  const int64_t q_row = ((b * a.T + t) * a.H + kh * a.G) * E;
+  return {ctx, std::min<int64_t>(ctx + t + 1, a.S), a.k + cache_row, a.v + cache_row, a.q + q_row,
+          a.mask + (b * a.T + t) * a.T, a.out + q_row};
+}
+
+// e^f for |f| <= ln2 / 2 by its Taylor series to degree 6, Horner order (highest coefficient first); shared by
+// the scalar, AVX2 and AVX-512 exps below.
+constexpr int kExpTerms = 7;
+constexpr float kExpTaylor[kExpTerms] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
+                                         1.0f};
+
 // exp(x) for x <= 0 (scores minus their max), written so the compiler vectorises the loop calling it:
 // 2^(x log2 e) = 2^n * 2^f with |f| <= 1/2, 2^f by its Taylor series to degree 6 (relative error < 2e-7).
 #pragma omp declare simd
@@ -51,13 +73,8 @@ inline float ExpNonPositive(float x) {
   const float t = x * 1.4426950408889634f;
   const float n = std::floor(t + 0.5f);
   const float f = (t - n) * 0.6931471805599453f;  // e^f with |f| <= ln2 / 2
-  float p = 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
+  float p = kExpTaylor[0];
+  for (int i = 1; i < kExpTerms; ++i) p = p * f + kExpTaylor[i];
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
@@ -67,12 +84,7 @@ inline float ExpNonPositive(float x) {
 // One unit of work: the G query heads of kv head kh at new position t of sequence b.
 void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, S] */) {
   const int64_t E = a.E, G = a.G, KE = a.K * E;
-  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
-  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);  // slots [0, last) are candidates
-  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const bool* m = a.mask + (b * a.T + t) * a.T;
-  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
+  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
 
   // Scores, G query heads at a time per key row (the key row is loaded once for all of them).
   for (int64_t j = 0; j < last; ++j) {
@@ -108,7 +120,6 @@ void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, 
     for (int64_t j = 0; j < last; ++j) sg[j] *= inv;
   }
   // Weighted sum of value rows, accumulated in the output rows (they stay in L1).
-  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
   for (int64_t i = 0; i < G * E; ++i) orow[i] = 0.f;
   for (int64_t j = 0; j < last; ++j) {
     const float* vr = vb + j * KE;
@@ -128,13 +139,8 @@ SPECJAX_TARGET_AVX512 inline __m512 Exp512(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.6931471805599453f), x);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < kExpTerms; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExpTaylor[i]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -144,13 +150,7 @@ template <int EC>
 SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
   constexpr int64_t E = EC * 16;
   const int64_t G = a.G, KE = a.K * E;
-  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
-  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);
-  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const bool* m = a.mask + (b * a.T + t) * a.T;
-  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
-  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
+  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
     __m512 qv[EC];
@@ -217,13 +217,8 @@ SPECJAX_TARGET_AVX2 inline __m256 Exp256(__m256 x) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.6931471805599453f), x);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < kExpTerms; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpTaylor[i]));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
@@ -246,14 +241,8 @@ template <int EC>
 SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
   constexpr int64_t E = EC * 8;
   const int64_t G = a.G, KE = a.K * E;
-  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
-  const int64_t last = std::min<int64_t>(ctx + t + 1, a.S);
+  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
   const int64_t last8 = last & ~int64_t{7};
-  const float* kb = a.k + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const float* vb = a.v + ((a.layer * a.B + b) * a.S) * KE + kh * E;
-  const bool* m = a.mask + (b * a.T + t) * a.T;
-  const float* qrow = a.q + ((b * a.T + t) * a.H + kh * G) * E;
-  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
     __m256 qv[EC];
