@@ -51,9 +51,8 @@ class Model:
       self.exec_params = default_exec_params(self.params)
 
   @classmethod
-  def from_loaded(cls, loaded: LoadedModel, load_s: float = 0.0) -> "Model":
-    return cls(cfg=loaded.cfg, params=loaded.params, tokenizer=loaded.tokenizer, source=loaded.source,
-               load_s=load_s)
+  def from_loaded(cls, loaded: LoadedModel) -> "Model":
+    return cls(cfg=loaded.cfg, params=loaded.params, tokenizer=loaded.tokenizer, source=loaded.source)
 
   @property
   def prefill_params(self):
@@ -219,7 +218,8 @@ def check_same_vocabulary(target: Model, draft: Model) -> None:
 
 
 def _log(message: str) -> None:
-  print(f"[specjax] {message}", file=sys.stderr, flush=True)
+  sys.stderr.write(f"[specjax] {message}\n")   # one write per line: helper threads may log too
+  sys.stderr.flush()
 
 
 def _shape_key(engine: spec.Engine) -> str:
@@ -328,7 +328,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
-           "load_s": m.load_s + (draft.load_s if draft is not None else 0.0), "compile_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max}
+           "load_s": m.load_s + (draft.load_s if draft is not None else 0.0), "compile_s": 0.0,
+           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max}
   totals = None
   for start in range(0, len(encoded), batch_size):
     chunk = encoded[start:start + batch_size]

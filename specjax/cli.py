@@ -291,9 +291,12 @@ def cmd_cache(args) -> int:
   def size(path):
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
-  rows = [{"part": part, "path": str(root / part), "bytes": size(root / part),
-           "entries": len([p for p in (root / part).iterdir() if not p.name.startswith(".") and p.name != "sources"])
-           if (root / part).is_dir() else 0} for part in parts]
+  def entries(path):   # what a part holds, less temporary files and the source-hash memo
+    return len([p for p in path.iterdir() if not p.name.startswith(".") and p.name != "sources"]) \
+        if path.is_dir() else 0
+
+  rows = [{"part": part, "path": str(root / part), "bytes": size(root / part), "entries": entries(root / part)}
+          for part in parts]
 
   def human(rs):
     from specjax.report import print_table
