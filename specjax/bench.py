@@ -246,8 +246,8 @@ def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int,
   return batches
 
 
-def _roofline(m: Model, batch_size: int, mean_context: float, bandwidth_gbs: float) -> float:
-  kv_bytes = batch_size * mean_context * kv_bytes_per_token(m)
+def _roofline(m: Model, batch_size: int, kv_bytes: float, bandwidth_gbs: float) -> float:
+  """Tokens/s if a step moved exactly the weights and the live KV bytes at ``bandwidth_gbs``."""
   return batch_size * bandwidth_gbs * 1e9 / (m.weight_bytes + kv_bytes)
 
 
@@ -281,18 +281,19 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   ar_step_s = float(secs[0, 0].sum()) / ar_iters                     # repeat 0: the stats' repeat
   mean_context = float(np.mean(timed["contexts"][0]))
   best_bw = max(bw_before["best"], bw_after["best"])
-  roofline = _roofline(m, batch_size, mean_context, best_bw)
+  kv_bytes = batch_size * mean_context * kv_bytes_per_token(m)
+  roofline = _roofline(m, batch_size, kv_bytes, best_bw)
   ar = {
       "repeats": repeats, "paired": paired,
       "ar_tokens_per_s": ar_tps, "ar_step_ms": ar_step_s * 1e3, "ar_decode_tokens": int(toks[0, 0].sum()),
       "ar_tokens_per_s_spread": paired_lib.spread(toks[0], secs[0]),
-      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": batch_size * mean_context * kv_bytes_per_token(m),
+      "weight_bytes": m.weight_bytes, "kv_bytes_live_mean": kv_bytes,
       "read_bandwidth_gbs": best_bw,
       "read_bandwidth_gbs_before": bw_before["best"], "read_bandwidth_gbs_after": bw_after["best"],
       "read_bandwidth_by_kernel_gbs": {k_: v for k_, v in bw_before.items() if k_ != "best"},
       "roofline_tokens_per_s": roofline, "roofline_fraction": ar_tps / roofline,
-      "roofline_fraction_before": ar_tps / _roofline(m, batch_size, mean_context, bw_before["best"]),
-      "roofline_fraction_after": ar_tps / _roofline(m, batch_size, mean_context, bw_after["best"]),
+      "roofline_fraction_before": ar_tps / _roofline(m, batch_size, kv_bytes, bw_before["best"]),
+      "roofline_fraction_after": ar_tps / _roofline(m, batch_size, kv_bytes, bw_after["best"]),
   }
   results = []
   for i, method in enumerate(methods[1:], start=1):
