@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 import jax
+from specjax.cache_location import cache_dir
 
 _STATE: dict = {"dir": None, "listening": False}
 _COUNTS = {"requests": 0, "request_s": 0.0, "cache_hits": 0, "cache_misses": 0}
@@ -64,7 +65,6 @@ def enable(on: bool | None = None) -> Path | None:
     jax.config.update("jax_enable_compilation_cache", False)
     _STATE["dir"] = None
     return None
-  from specjax.checkpoints.registry import cache_dir
   path = cache_dir() / "xla" / machine_tag()
   if _STATE["dir"] == path:
     return path

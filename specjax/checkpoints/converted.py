@@ -39,6 +39,7 @@ import numpy as np
 
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.config import ModelConfig
+from specjax.cache_location import cache_dir
 
 LAYOUT_VERSION = 1
 PARAMS_FILE = "params.safetensors"
@@ -56,7 +57,6 @@ def _log(message: str) -> None:
 
 
 def root() -> Path:
-  from specjax.checkpoints.registry import cache_dir
   return cache_dir() / "converted"
 
 

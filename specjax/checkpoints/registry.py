@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from specjax.cache_location import cache_dir
 from specjax.checkpoints import converted
 from specjax.checkpoints.gguf_loader import load_gguf
 from specjax.checkpoints.safetensors_loader import load_hf_dir
@@ -60,15 +61,6 @@ class LoadedModel:
 
 # ----------------------------------------------------------------------------------------------------------
 # Cache
-
-
-def cache_dir() -> Path:
-  """``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else ``~/.cache/specjax``."""
-  if os.environ.get("SPECJAX_CACHE"):
-    return Path(os.environ["SPECJAX_CACHE"]).expanduser()
-  xdg = os.environ.get("XDG_CACHE_HOME")
-  base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-  return base / "specjax"
 
 
 def cached_path(name: str) -> Path:

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import jax
+from specjax.cache_location import cache_dir
 
 # FFI target name -> exported handler symbol.
 TARGETS = {"specjax_matmul_t": "SpecjaxMatmulT", "specjax_attend_cache": "SpecjaxAttendCache"}
@@ -33,7 +34,6 @@ _LOCK = threading.Lock()
 
 
 def _cache_dir() -> Path:
-  from specjax.checkpoints.registry import cache_dir
   return cache_dir() / "kernels"
 
 
