@@ -29,11 +29,13 @@ def kv_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
 
 
 def windowed_forward(params, cfg: ModelConfig, tokens_BxT, positions_BxT, cache: KVCache,
-                     extra_mask_BxTxT=None, buckets: tuple[int, ...] | None = None, live_T=None):
+                     extra_mask_BxTxT=None, buckets: tuple[int, ...] | None = None, live_T=None,
+                     region_mask_BxTxU=None, slots_BxT=None):
   """``model.forward`` whose attention reads only the smallest bucket of cache slots covering every live
-  sequence (see ``model.forward``'s ``kv_buckets``; ``live_T`` as there)."""
+  sequence (see ``model.forward``'s ``kv_buckets``; ``live_T``, the region mask and slots as there)."""
   return model_lib.forward(params, cfg, tokens_BxT, positions_BxT, cache, extra_mask_BxTxT,
-                           kv_buckets=buckets, live_T=live_T)
+                           kv_buckets=buckets, live_T=live_T, region_mask_BxTxU=region_mask_BxTxU,
+                           slots_BxT=slots_BxT)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -200,23 +200,25 @@ def apply_rope(x_BxTxNxE: jax.Array, cos_BxTxR: jax.Array, sin_BxTxR: jax.Array)
   return out.astype(x_BxTxNxE.dtype)
 
 
-def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.Array | None) -> jax.Array:
+def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.Array | None,
+                   region_mask_BxTxU: jax.Array | None = None) -> jax.Array:
   """Which cache slots each new query may see: [B, T, S] bool.
 
-  Slot j is visible to query t of sequence b when it is committed context (j < lengths[b]) or it is one of
-  this call's new slots at or before t (causal), further restricted by ``extra_mask`` (e.g. a token tree's
-  ancestor mask) among the new slots.
+  Slot j is visible to query t of sequence b when it is committed context (j < lengths[b]) or it is a slot
+  lengths[b] + u of the region after it that ``region_mask[b, t, u]`` allows.  Without a region mask the
+  region is this call's T new slots, causal (u <= t), further restricted by ``extra_mask`` when given.
   """
-  j_S = jnp.arange(S)[None, None, :]
-  start_Bx1x1 = lengths_B[:, None, None]
-  rel_BxTxS = j_S - start_Bx1x1                   # position of slot j inside this call's block
-  t_1xTx1 = jnp.arange(T)[None, :, None]
-  visible = (rel_BxTxS < 0) | ((rel_BxTxS >= 0) & (rel_BxTxS <= t_1xTx1))
-  if extra_mask_BxTxT is not None:
-    idx = jnp.clip(rel_BxTxS, 0, T - 1)
-    extra = jnp.take_along_axis(extra_mask_BxTxT, jnp.broadcast_to(idx, (idx.shape[0], T, S)), axis=2)
-    visible = visible & ((rel_BxTxS < 0) | extra)
-  return visible
+  return cpu_attention.visible_slots(lengths_B, region_mask(lengths_B.shape[0], T, extra_mask_BxTxT,
+                                                            region_mask_BxTxU), S)
+
+
+def region_mask(B: int, T: int, extra_mask_BxTxT=None, region_mask_BxTxU=None) -> jax.Array:
+  """The visibility of the slots after the committed ones: the region mask itself, else causal over the T
+  new slots (and'ed with ``extra_mask``)."""
+  if region_mask_BxTxU is not None:
+    return region_mask_BxTxU
+  causal = cpu_attention.causal_mask(B, T)
+  return causal if extra_mask_BxTxT is None else causal & extra_mask_BxTxT
 
 
 def attend_reference(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
@@ -260,11 +262,13 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   return o.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
 
 
-def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
-  """Write T new entries per sequence at slots lengths[b].. (out-of-range writes are dropped)."""
+def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B, offsets_BxT=None):
+  """Write T new entries per sequence at slots lengths[b] + offsets[b, t] (default t; out-of-range writes are
+  dropped)."""
   B, T = new_BxTxKxE.shape[:2]
   b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-  s_idx = lengths_B[:, None] + jnp.arange(T)[None, :]
+  offsets = jnp.arange(T)[None, :] if offsets_BxT is None else offsets_BxT
+  s_idx = lengths_B[:, None] + offsets
   return buf_LxBxSxKxE.at[layer, b_idx, s_idx].set(new_BxTxKxE.astype(buf_LxBxSxKxE.dtype), mode="drop")
 
 
@@ -275,15 +279,20 @@ def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B):
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
             kv_window: int | None = None, head_index_B: jax.Array | None = None,
-            kv_buckets: tuple[int, ...] | None = None, live_T: jax.Array | None = None) -> ForwardOutput:
+            kv_buckets: tuple[int, ...] | None = None, live_T: jax.Array | None = None,
+            region_mask_BxTxU: jax.Array | None = None, slots_BxT: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   Args:
     tokens_BxT: token ids.
     positions_BxT: RoPE positions of the new tokens (usually lengths[b] + t; tree nodes use their depth).
     cache: the KV cache; the new entries are written at slots lengths[b] + t.
-    extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), e.g. a tree mask.
-    kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T);
+    extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), and'ed with causal.
+    region_mask_BxTxU: instead of causal & extra, the visibility of the U slots lengths[b] + u after the
+      committed ones (a token tree: the ancestors of each new node, written earlier or in this call).
+    slots_BxT: where the new entries go, as offsets u from lengths[b] (default t); with a region mask a
+      drafter extending a tree writes each frontier node at its node's slot.
+    kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T, or + U with a region mask);
       ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
     kv_buckets: static window sizes; each layer's attention reads the smallest one covering
       max(lengths) + T (a ``lax.switch``: every bucket compiled once, chosen by data), so a step at a short
@@ -306,17 +315,18 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
 
   x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0)
   cos, sin = rope_tables(cfg, positions_BxT)
-  # Mask over the window: new slots are written at lengths..lengths+T-1 (< W by the caller's contract).
-  mask_BxTxW = attention_mask(lengths, T, W, extra_mask_BxTxT)
+  # Mask over the window: new slots are written in the region lengths..lengths+U-1 (< W by the caller's contract).
+  region_BxTxU = region_mask(B, T, extra_mask_BxTxT, region_mask_BxTxU)
+  U = region_BxTxU.shape[2]
+  mask_BxTxW = cpu_attention.visible_slots(lengths, region_BxTxU, W)
   windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
-  bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + T).astype(jnp.int32)
+  bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + U).astype(jnp.int32)
 
   native_attention = cpu_attention.applies(T, dtype, cache.k.dtype)
-  new_mask_BxTxT = extra_mask_BxTxT if extra_mask_BxTxT is not None else jnp.ones((B, T, T), bool)
 
   def attend_layer(q, k_all, v_all, layer):
     if native_attention:   # reads each sequence's live slots straight from the buffer: no window needed
-      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, new_mask_BxTxT, live_T)
+      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, region_BxTxU, live_T)
 
     def over(w):
       return lambda q, k_all, v_all: attend(q, k_all[layer, :, :w].astype(dtype),
@@ -336,8 +346,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     q = apply_rope(q.reshape(B, T, H, E), cos, sin)
     k = apply_rope(k.reshape(B, T, K, E), cos, sin)
     v = v.reshape(B, T, K, E)
-    k_all = _write_slots(k_all, layer, k, lengths)
-    v_all = _write_slots(v_all, layer, v, lengths)
+    k_all = _write_slots(k_all, layer, k, lengths, slots_BxT)
+    v_all = _write_slots(v_all, layer, v, lengths, slots_BxT)
     o = attend_layer(q, k_all, v_all, layer)
     x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"], live_T)
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)

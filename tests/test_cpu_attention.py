@@ -82,3 +82,24 @@ def test_live_rows_only(live):
   np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
   ref = ca.attend_cache_reference(q, k, v, 1, lengths, mask, jnp.int32(live))
   np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("E", [8, 64])
+def test_region_wider_than_the_new_rows(E):
+  """A drafter extending a tree: T frontier rows see their ancestors among U > T region slots (no causal rule),
+  including region slots written by earlier calls; a row that sees nothing gives zeros."""
+  L, B, S, K, G, T, U = 2, 3, 40, 2, 2, 3, 9
+  r = np.random.default_rng(E)
+  q = jnp.asarray(r.normal(size=(B, T, K * G, E)), jnp.float32)
+  k = jnp.asarray(r.normal(size=(L, B, S, K, E)), jnp.float32)
+  v = jnp.asarray(r.normal(size=(L, B, S, K, E)), jnp.float32)
+  lengths = jnp.asarray([0, 7, S - U], jnp.int32)
+  mask = r.random((B, T, U)) < 0.5
+  mask[0, 1] = False                         # lengths 0 and nothing visible: zeros, no NaN
+  mask[1, 2] = False
+  mask[1, 2, U - 1] = True                   # only the last region slot
+  for layer in range(L):
+    got = jax.jit(ca.attend_cache_native)(q, k, v, layer, lengths, jnp.asarray(mask))
+    want = ca.attend_cache_reference(q, k, v, layer, lengths, jnp.asarray(mask))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert np.all(np.asarray(got)[0, 1] == 0)

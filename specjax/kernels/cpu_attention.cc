@@ -2,8 +2,9 @@
 //
 //   out[b, t, h, :] = softmax_j(q[b, t, h] . k[layer, b, j, h / G] / sqrt(E)) . v[layer, b, j, h / G]
 //
-// over the slots j query t may see: every committed slot j < lengths[b], and the new slots
-// lengths[b] + u for u <= t with mask[b, t, u] (causal, optionally restricted further by a token tree).
+// over the slots j query t may see: every committed slot j < lengths[b], and the slots lengths[b] + u of the
+// region after it (u < U) with mask[b, t, u].  The mask says it all: causal for plain decoding, a token tree's
+// ancestor mask for verification, or the ancestors of a tree's frontier when a drafter extends a tree.
 //
 // Why: XLA:CPU has to read a fixed window of cache slots (the live part is data), transposes or copies it,
 // and runs the small products and the softmax as separate passes; at a 700-token context that costs more
@@ -37,9 +38,9 @@ struct Args {
   const float* k;        // [L, B, S, K, E]
   const float* v;        // [L, B, S, K, E]
   const int32_t* lengths;  // [B]
-  const bool* mask;      // [B, T, T]
+  const bool* mask;      // [B, T, U]
   float* out;            // [B, T, H, E]
-  int64_t layer, B, T, H, E, S, K, G;
+  int64_t layer, B, T, U, H, E, S, K, G;
   float scale;
 };
 
@@ -55,8 +56,11 @@ inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E)
   const int64_t KE = a.K * E, ctx = std::min<int64_t>(a.lengths[b], a.S);
   const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E;
   const int64_t q_row = ((b * a.T + t) * a.H + kh * a.G) * E;
-  return {ctx, std::min<int64_t>(ctx + t + 1, a.S), a.k + cache_row, a.v + cache_row, a.q + q_row,
-          a.mask + (b * a.T + t) * a.T, a.out + q_row};
+  const bool* m = a.mask + (b * a.T + t) * a.U;
+  int64_t span = a.U;  // region slots up to the last visible one: nothing after it is read
+  while (span > 0 && !m[span - 1]) --span;
+  return {ctx, std::min<int64_t>(ctx + span, a.S), a.k + cache_row, a.v + cache_row, a.q + q_row, m,
+          a.out + q_row};
 }
 
 // e^f for |f| <= ln2 / 2 by its Taylor series to degree 6, Horner order (highest coefficient first); shared by
@@ -329,10 +333,10 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || v.dimensions() != kd || kd[1] != qd[0] || kd[4] != qd[3] ||
-      qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.element_count() != qd[0] * qd[1] * qd[1] ||
-      live_rows.element_count() != 1) {
+      qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.dimensions().size() != 3 ||
+      mask.dimensions()[0] != qd[0] || mask.dimensions()[1] != qd[1] || live_rows.element_count() != 1) {
     return ffi::Error::InvalidArgument(
-        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,T], live []");
+        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,U], live []");
   }
   Args a;
   a.q = q.typed_data();
@@ -341,7 +345,7 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   a.lengths = lengths.typed_data();
   a.mask = mask.typed_data();
   a.out = out->typed_data();
-  a.B = qd[0], a.T = qd[1], a.H = qd[2], a.E = qd[3];
+  a.B = qd[0], a.T = qd[1], a.U = mask.dimensions()[2], a.H = qd[2], a.E = qd[3];
   a.S = kd[2], a.K = kd[3], a.G = a.H / a.K;
   a.layer = layer.typed_data()[0];
   if (a.layer < 0 || a.layer >= kd[0]) return ffi::Error::InvalidArgument("layer index out of range");
@@ -353,7 +357,7 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
     std::fill(a.out + (b * a.T + live) * a.H * a.E, a.out + (b + 1) * a.T * a.H * a.E, 0.0f);
   const int64_t units = a.B * a.K * live;
   int64_t work = 0;  // roughly the multiply-adds, to decide whether threads are worth waking
-  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + live) * live;
+  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + a.U) * live;
   work *= a.H * a.E * 2;
   const bool parallel = work >= (int64_t{1} << 17);
   specjax::ParallelFor(pool.num_threads(), units, parallel, [&a, live](int64_t u) {

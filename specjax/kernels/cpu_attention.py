@@ -1,8 +1,9 @@
 """A native CPU kernel for the attention of a decode or verification step over the KV cache.
 
 ``attend_cache`` computes, for T ≤ ``MAX_ROWS`` new query rows per sequence, grouped-query attention over
-each sequence's live cache slots of one layer: committed slots ``j < lengths[b]`` and the new slots
-``lengths[b] + u`` for ``u ≤ t`` allowed by ``mask[b, t, u]`` (causal, or a token tree's ancestor mask).  It
+each sequence's live cache slots of one layer: committed slots ``j < lengths[b]`` and the slots
+``lengths[b] + u`` (u < U) of the region after them that ``mask[b, t, u]`` allows — causal for plain decoding,
+a token tree's ancestor mask for verification (the mask says it all; there is no implicit causal rule).  It
 reads the cache buffer [L, B, S, K, E] in place, so no window is sliced or copied.  ``attend_cache_reference``
 is the same computation in plain XLA; the kernel is ``cpu_attention.cc`` (built by ``native.py``), used only
 on the CPU for float32, with gradients through the reference.
@@ -16,28 +17,31 @@ import jax.numpy as jnp
 
 from specjax.kernels import native
 
-MAX_ROWS = 16
+MAX_ROWS = 64   # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
 TARGET = "specjax_attend_cache"
 
 
-def visible_slots(lengths_B: jax.Array, mask_BxTxT: jax.Array, S: int) -> jax.Array:
-  """[B, T, S] bool: committed slots, plus the new slots at or before each query that the mask allows."""
-  T = mask_BxTxT.shape[1]
-  rel_BxTxS = jnp.arange(S)[None, None, :] - lengths_B[:, None, None]
-  t_1xTx1 = jnp.arange(T)[None, :, None]
-  idx = jnp.broadcast_to(jnp.clip(rel_BxTxS, 0, T - 1), (lengths_B.shape[0], T, S))
-  new_ok = (rel_BxTxS >= 0) & (rel_BxTxS <= t_1xTx1) & jnp.take_along_axis(mask_BxTxT, idx, axis=2)
-  return (rel_BxTxS < 0) | new_ok
+def visible_slots(lengths_B: jax.Array, mask_BxTxU: jax.Array, S: int) -> jax.Array:
+  """[B, T, S] bool: committed slots, plus the region slots lengths + u that the mask allows."""
+  B, T, U = mask_BxTxU.shape
+  rel_BxTxS = jnp.broadcast_to(jnp.arange(S)[None, None, :] - lengths_B[:, None, None], (B, T, S))
+  region = jnp.take_along_axis(mask_BxTxU, jnp.clip(rel_BxTxS, 0, U - 1), axis=2)
+  return (rel_BxTxS < 0) | ((rel_BxTxS < U) & region)
 
 
-def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
+def causal_mask(B: int, T: int) -> jax.Array:
+  """[B, T, T]: new row t sees new slots u <= t (plain decoding, a chain of drafts, prefill)."""
+  return jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+
+
+def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
   """Plain-XLA reference: [B, T, H, E] (rows t ≥ ``live`` zero)."""
   B, T, H, E = q_BxTxHxE.shape
   S, K = k_LxBxSxKxE.shape[2], k_LxBxSxKxE.shape[3]
   k, v = k_LxBxSxKxE[layer], v_LxBxSxKxE[layer]
   q = q_BxTxHxE.reshape(B, T, K, H // K, E)
   scores = jnp.einsum("btkge,bske->btkgs", q, k) / math.sqrt(E)
-  visible = visible_slots(lengths_B, mask_BxTxT, S)[:, :, None, None, :]
+  visible = visible_slots(lengths_B, mask_BxTxU, S)[:, :, None, None, :]
   scores = jnp.where(visible, scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1)
   probs = jnp.where(visible, probs, 0.0)
@@ -48,11 +52,11 @@ def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B
 
 
 @jax.custom_vjp
-def _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live):
+def _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live):
   native.require()
   return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q_BxTxHxE.shape, jnp.float32))(
       q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, jnp.asarray(layer, jnp.int32), lengths_B.astype(jnp.int32),
-      mask_BxTxT.astype(bool), jnp.asarray(live, jnp.int32))
+      mask_BxTxU.astype(bool), jnp.asarray(live, jnp.int32))
 
 
 def _fwd(q, k, v, layer, lengths, mask, live):
@@ -68,11 +72,11 @@ def _bwd(res, d_out):
 _native.defvjp(_fwd, _bwd)
 
 
-def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
+def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
   """The C++ kernel.  ``live`` (a traced count, default T): only the first ``live`` new rows of each
   sequence are computed, the others come out zero at no cost (padded draft slots)."""
   live = q_BxTxHxE.shape[1] if live is None else live
-  return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)
+  return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
 
 
 def applies(T: int, q_dtype, cache_dtype) -> bool:
@@ -80,8 +84,8 @@ def applies(T: int, q_dtype, cache_dtype) -> bool:
   return T <= MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32 and native.available()
 
 
-def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live=None):
+def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
   """The native kernel when it applies, else the reference."""
   if applies(q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
-    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)
-  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxT, live)
+    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
+  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
