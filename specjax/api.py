@@ -274,9 +274,8 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
 
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
                 max_len: int) -> spec.Engine:
-  fwd = k_max if isinstance(drafter, spec.ModelDrafter) else 0
   return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
-                     buckets=decode.kv_buckets(max_len), draft_forwards_per_step=fwd)
+                     buckets=decode.kv_buckets(max_len))
 
 
 def spec_metrics(stats: spec.SpecStats) -> dict:

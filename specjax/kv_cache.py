@@ -44,3 +44,18 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=jnp.float3
 
 def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int, dtype=jnp.float32) -> int:
   return 2 * cfg.num_layers * batch_size * max_len * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+
+
+def compact(cache: KVCache, base_B: jax.Array, src_BxD: jax.Array) -> KVCache:
+  """Move tree entries into place after acceptance: slot base + d ← slot base + src[b, d] for every d with
+  src ≥ 0 (the accepted root-to-leaf path), in every layer.  Fixed shapes, on device; on a donated buffer
+  XLA updates it in place.  Sources are read before anything is written, so a path may overlap itself."""
+  B, D = src_BxD.shape
+  b_idx = jnp.arange(B)[:, None]
+  S = cache.max_len
+  src = jnp.clip(base_B[:, None] + jnp.maximum(src_BxD, 0), 0, S - 1)
+  dst = jnp.where(src_BxD >= 0, base_B[:, None] + jnp.arange(D)[None, :], S)      # S: dropped
+  k_new = cache.k[:, b_idx, src]                                                    # [L, B, D, K, E]
+  v_new = cache.v[:, b_idx, src]
+  return cache.replace(k=cache.k.at[:, b_idx, dst].set(k_new, mode="drop"),
+                       v=cache.v.at[:, b_idx, dst].set(v_new, mode="drop"))

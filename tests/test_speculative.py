@@ -11,7 +11,8 @@ from scipy import stats
 from specjax import config, kv_cache, model, sampling
 from specjax.speculative import (Engine, ModelDrafter, NgramDrafter, NoDrafter, SpeculativeSampling,
                                  generate, layer_subset)
-from specjax.speculative.acceptance import Acceptance, _stats
+from specjax.speculative.drafters import propose_chain
+from specjax.speculative.tree import TreeAcceptance
 
 CFG = config.TINY.replace(num_layers=3)
 DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
@@ -77,13 +78,14 @@ def test_greedy_output_equals_plain_greedy(target, name):
 def test_ngram_caps_limit_proposals_by_match_length():
   seq = jnp.asarray([[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 8, 7, 0, 0, 0]], jnp.int32)
   # newest token 3 at index 9: a 3-gram match (1 2 3) -> up to K; caps for 1- and 2-token matches only.
-  _, toks, _, limit = NgramDrafter(3, match_caps=(0, 1)).propose((), (), seq, jnp.asarray([9]), None, 4, None,
-                                                                  None)
+  sp = sampling.SamplingParams()
+  _, toks, limit = propose_chain(NgramDrafter(3, match_caps=(0, 1)), (), (), seq, jnp.asarray([9]), seq[:, 9], 4,
+                                 None, sp)
   assert limit.tolist() == [4] and toks[0].tolist() == [4, 5, 6, 7]
   # newest token 7 at index 12 (after 9 8): only a 1-token match (the 7 at index 6) -> capped to 0 / 2.
   for caps, want in (((0, 1), 0), ((2, 1), 2), ((), 4)):
-    _, toks, _, limit = NgramDrafter(3, match_caps=caps).propose((), (), seq, jnp.asarray([12]), None, 4,
-                                                                 None, None)
+    _, toks, limit = propose_chain(NgramDrafter(3, match_caps=caps), (), (), seq, jnp.asarray([12]), seq[:, 12],
+                                   4, None, sp)
     assert limit.tolist() == [want], caps
     assert toks[0, :want].tolist() == [1, 2, 3, 9][:want]
 
@@ -156,15 +158,14 @@ def _chi2_pvalue(samples_Nx3, joint):
 
 @dataclasses.dataclass(frozen=True)
 class AcceptAlways:
-  """A deliberately wrong rule: keep every draft, bonus from p."""
+  """A deliberately wrong rule: keep the deepest draft, bonus from p."""
 
-  def __call__(self, target_logits, draft_BxK, draft_probs, k_active_B, key, sp):
-    K = draft_BxK.shape[1]
-    n = k_active_B
+  def __call__(self, tree, target_logits, q, key, sp, without_replacement):
+    leaf = jnp.argmax(jnp.where(tree.valid_BxN1, tree.depth_BxN1, -1), axis=1).astype(jnp.int32)
     p = jax.nn.softmax(sampling.filtered_logits(
-        jnp.take_along_axis(target_logits, n[:, None, None], axis=1)[:, 0], sp), axis=-1)
+        jnp.take_along_axis(target_logits, leaf[:, None, None], axis=1)[:, 0], sp), axis=-1)
     nxt = jax.random.categorical(key, jnp.log(p + 1e-30)).astype(jnp.int32)
-    return Acceptance(n, nxt, *_stats(n, k_active_B, K))
+    return TreeAcceptance(leaf, nxt, jnp.take_along_axis(tree.anc_BxN1xN1, leaf[:, None, None], axis=1)[:, 0])
 
 
 @pytest.mark.parametrize("sp", [sampling.SamplingParams(temperature=1.0),

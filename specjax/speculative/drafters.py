@@ -1,133 +1,276 @@
-"""Drafters: propose k_max tokens per sequence (with their draft distributions), then follow the commit.
+"""Drafters: fill a token tree per sequence (with its draft distributions), then follow the commit.
 
 Interface (frozen dataclasses: static, hashable; parameters and state are pytrees passed in and returned):
 
-  init(draft_params, prompt_BxP, prompt_lens_B, max_len)                 -> state
-  propose(draft_params, state, seq_BxS, lengths_B, last_B, K, key, sp)  -> (state, tokens_BxK, q_BxKxV | None,
-                                                                           limit_B)
-  commit(state, new_lengths_B)                                           -> state
+  init(draft_params, prompt_BxP, prompt_lens_B, max_len)                     -> state
+  propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)  -> (state, Draft)
+  commit(state, lengths_B, path_slots_BxD1, new_lengths_B)                   -> state
+  forwards(shape)                                                            -> draft forwards per propose
 
-``lengths_B`` is the target cache's committed length: ``seq_BxS[:, :lengths+1]`` is known and
-``seq[b, lengths[b]] == last_B[b]`` is the newest token, not yet in any cache.  ``q`` is None for deterministic
-drafters (one-hot) and when sampling is greedy (acceptance never reads it).  ``limit_B`` caps how many of
-the K proposals are real (an n-gram drafter may find fewer); the engine masks the rest.
+``shape`` is a static tree (``tree_shapes.StaticTree``: chain, branching, paths, Sequoia) or a
+``DynamicShape`` (the tree is chosen each step).  ``lengths_B`` is the target cache's committed length:
+``seq_BxS[:, :lengths+1]`` is known and ``seq[b, lengths[b]] == last_B[b]`` is the newest token — the tree's root,
+not yet in any cache.  The node of rank r below a node is the drafter's r-th choice there.  ``Draft.q`` holds,
+per node, the distribution its children were drawn from; it is None for deterministic drafters and when
+sampling is greedy (acceptance never reads it).  ``commit`` gets the accepted root-to-leaf path as the
+drafter's own slots (``Draft.slots``; -1 past the leaf) so a drafter with a cache can compact it.
 
-  NoDrafter     k = 0: plain autoregressive decoding through the same step.
+  NoDrafter     no drafts (N = 0): plain autoregressive decoding through the same step.
   ModelDrafter  a small model with its own KV cache (a separate draft model, or the target's own layers
-                for layer-skip self-speculation).
-  NgramDrafter  prompt lookup on device: match the last n tokens earlier in the sequence, propose what followed.
+                for layer-skip self-speculation): one forward per depth over the nodes that have children.
+  NgramDrafter  prompt lookup on device: the continuations that followed earlier occurrences of the last n
+                tokens (several occurrences, several n), merged into a trie.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import decode, sampling
 from specjax import model as model_lib
 from specjax.config import ModelConfig
-from specjax.kv_cache import KVCache, init_cache
+from specjax.kv_cache import KVCache, compact, init_cache
+from specjax.speculative import tree_shapes
+from specjax.speculative.tree import sample_children
 
 
-def _full(B, K):
-  return jnp.full((B,), K, jnp.int32)
+@dataclasses.dataclass(frozen=True)
+class DynamicShape:
+  """An EAGLE-2 style tree chosen every step: expand the ``top_k`` best frontier nodes by cumulative draft
+  log-probability ``top_k`` children each, down to ``max_depth``, then keep the best ``num_nodes``."""
+  num_nodes: int
+  top_k: int = tree_shapes.DYNAMIC_DEFAULT_TOPK
+  max_depth: int = tree_shapes.DYNAMIC_DEFAULT_DEPTH
+
+  def __post_init__(self):
+    if self.num_nodes < 1 or self.top_k < 1 or self.max_depth < 1:
+      raise ValueError(f"dynamic tree needs N, TOPK and depth >= 1, got {self}")
+
+  @property
+  def candidates(self) -> int:   # draft nodes scored before the best num_nodes are kept
+    return self.top_k + (self.max_depth - 1) * self.top_k * self.top_k
+
+
+def shape_for(spec, acc=None):
+  """The engine's shape for a ``TreeSpec`` (static trees built now; dynamic ones described)."""
+  if spec.kind == "dynamic":
+    depth = min(spec.max_depth, spec.num_nodes)
+    shape = DynamicShape(spec.num_nodes, spec.top_k, depth)
+    return shape
+  return spec.build(acc)
+
+
+class Draft(NamedTuple):
+  tokens_BxN1: jax.Array           # node tokens; node 0 is the root (last_B)
+  parents_BxN1: jax.Array          # parent index (< node), -1 at the root
+  valid_BxN1: jax.Array            # which nodes hold a proposal
+  q_BxN1xV: jax.Array | None       # distribution each node's children were drawn from (None: deterministic)
+  slots_BxN1: jax.Array | None     # where each node sits in the drafter's own cache (None: node i at slot i)
+
+
+def _static_draft(shape, tokens_BxN1, valid_BxN1=None, q=None, slots=None) -> Draft:
+  B, N1 = tokens_BxN1.shape
+  parents = jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32), (B, N1))
+  valid = jnp.ones((B, N1), bool) if valid_BxN1 is None else valid_BxN1
+  return Draft(tokens_BxN1, parents, valid, q, slots)
+
+
+def _ancestors(parents) -> np.ndarray:
+  """[N1, N1] bool for a static tree: anc[i, j] = j is i or an ancestor of i."""
+  N1 = len(parents)
+  anc = np.eye(N1, dtype=bool)
+  for i in range(1, N1):
+    anc[i] |= anc[parents[i]]
+  return anc
 
 
 @dataclasses.dataclass(frozen=True)
 class NoDrafter:
   name: str = "none"
+  siblings_without_replacement: bool = False
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
     return ()
 
-  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, K, key, sp):
-    B = seq_BxS.shape[0]
-    return state, jnp.zeros((B, K), jnp.int32), None, jnp.zeros((B,), jnp.int32)
+  def forwards(self, shape) -> int:
+    return 0
 
-  def commit(self, state, new_lengths_B):
+  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):
+    B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
+    tokens = jnp.zeros((B, N1), jnp.int32).at[:, 0].set(last_B)
+    valid = jnp.zeros((B, N1), bool)
+    return state, Draft(tokens, jnp.full((B, N1), -1, jnp.int32).at[:, 1:].set(0), valid, None, None)
+
+  def commit(self, state, lengths_B, path_slots_BxD1, new_lengths_B):
     return state
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter:
-  """Autoregressive drafting with a small model that shares the target's tokenizer.
+  """Tree drafting with a small model that shares the target's tokenizer.
 
-  Each propose feeds [seq[len-1], last] as its first (T=2) forward, which re-writes the slot of the token
-  before ``last``: that slot is missing when every draft of the previous round was accepted, and rewriting it
-  otherwise is harmless.  So k proposals cost k draft forwards and the draft cache needs no extra bookkeeping.
+  Each propose first feeds [seq[len-1], last] (T=2), which re-writes the slot of the token before ``last``:
+  that slot is missing when the deepest accepted node was a leaf never fed, and rewriting it otherwise is
+  harmless.  The root's children come from that forward; then one forward per depth runs the nodes that have
+  children (a chain: one row), writing each at its node's slot after the committed length with the tree's
+  ancestor mask, and their children are the top-r choices (greedy) or draws without replacement (sampling,
+  Gumbel top-k).  After acceptance ``commit`` moves the accepted path's entries into place.
   """
   cfg: ModelConfig
   name: str = "model"
   buckets: tuple[int, ...] | None = None
+  siblings_without_replacement: bool = True
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
     cache = init_cache(self.cfg, prompt_BxP.shape[0], max_len, jnp.float32)
     return decode.prefill(draft_params, self.cfg, cache, prompt_BxP, prompt_lens_B, self.buckets).cache
 
-  def _forward(self, params, tokens_BxT, cache: KVCache):
-    T = tokens_BxT.shape[1]
-    pos = cache.lengths[:, None] + jnp.arange(T)[None, :]
-    return decode.windowed_forward(params, self.cfg, tokens_BxT, pos, cache, buckets=self.buckets)
+  def forwards(self, shape) -> int:
+    return shape.max_depth if shape.num_nodes else 0
 
-  def propose(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, K, key, sp):
-    B = seq_BxS.shape[0]
-    if K == 0:
-      return state, jnp.zeros((B, 0), jnp.int32), None, _full(B, 0)
+  def _root(self, params, cache: KVCache, seq_BxS, lengths_B, last_B):
+    """Forward [seq[len-1], last]: the root's draft logits [B, V], cache with lengths = lengths."""
     prev_B = jnp.take_along_axis(seq_BxS, jnp.maximum(lengths_B - 1, 0)[:, None], axis=1)[:, 0]
-    cache = state.with_lengths(jnp.maximum(lengths_B - 1, 0))
-    out = self._forward(draft_params, jnp.stack([prev_B, last_B], axis=1), cache)
-    keys = jax.random.split(key, K)
+    start = jnp.maximum(lengths_B - 1, 0)
+    pos = start[:, None] + jnp.arange(2)[None, :]
+    out = decode.windowed_forward(params, self.cfg, jnp.stack([prev_B, last_B], axis=1), pos,
+                                  cache.with_lengths(start), buckets=self.buckets)
+    return out.logits[:, 1], out.cache.with_lengths(lengths_B)
 
-    def draw(logits_BxV, k):
-      tok = sampling.sample(logits_BxV, k, sp)
-      q = None if sp.greedy else jax.nn.softmax(sampling.filtered_logits(logits_BxV, sp), axis=-1)
-      return tok, q
+  def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU):
+    """Forward W nodes at one depth, each written at its slot after the committed length."""
+    pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
+    out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
+                                  region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW)
+    return out.logits, out.cache.with_lengths(cache.lengths)
 
-    tok, q = draw(out.logits[:, 1], keys[0])
+  def propose(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, shape, key, sp):
+    if shape.num_nodes == 0:
+      return NoDrafter().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
+    if isinstance(shape, DynamicShape):
+      return self._propose_dynamic(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
+    B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
+    parents, ranks, depths = np.asarray(shape.parents), np.asarray(shape.ranks), np.asarray(shape.depths)
+    anc = _ancestors(shape.parents)
+    logits, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    logits_BxWxV = logits[:, None]
+    expanding = [0]                                    # nodes whose logits are in logits_BxWxV
+    tokens = jnp.zeros((B, N1), jnp.int32).at[:, 0].set(last_B)
+    q_all = None if sp.greedy else jnp.zeros((B, N1, logits.shape[-1]), jnp.float32)
+    keys = jax.random.split(key, shape.max_depth)
+    for d in range(1, shape.max_depth + 1):
+      if d > 1:
+        expanding = sorted({int(parents[i]) for i in np.flatnonzero(depths == d)})
+        W = len(expanding)
+        logits_BxWxV, cache = self._extend(
+            draft_params, cache, tokens[:, expanding], d - 1,
+            jnp.broadcast_to(jnp.asarray(expanding, jnp.int32), (B, W)),
+            jnp.broadcast_to(jnp.asarray(anc[expanding]), (B, W, N1)))
+      children = np.flatnonzero(depths == d)
+      C = int(ranks[children].max()) + 1
+      chosen_BxWxC, q = sample_children(keys[d - 1], logits_BxWxV, C, sp)
+      row = np.asarray([expanding.index(int(parents[i])) for i in children])
+      tokens = tokens.at[:, children].set(chosen_BxWxC[:, row, ranks[children]])
+      if q is not None:
+        q_all = q_all.at[:, expanding].set(q)
+    return cache, _static_draft(shape, tokens, q=q_all)
 
-    def body(carry, k):
-      cache, tok = carry
-      o = self._forward(draft_params, tok[:, None], cache)
-      nxt, q = draw(o.logits[:, 0], k)
-      return (o.cache, nxt), (nxt, q)
+  def _propose_dynamic(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, shape: DynamicShape,
+                       key, sp):
+    """EAGLE-2: score candidates by cumulative draft log-probability, expand the best ``top_k`` per depth,
+    keep the best ``num_nodes`` overall (a child never outscores its parent, so they form a tree).  The
+    choice is deterministic given the draft's logits, so acceptance treats the children as point masses."""
+    B, k, D, N = seq_BxS.shape[0], shape.top_k, shape.max_depth, shape.num_nodes
+    logprobs = lambda lg: jax.nn.log_softmax(lg if sp.greedy else sampling.filtered_logits(lg, sp), axis=-1)
+    logits, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    score, tok = jax.lax.top_k(logprobs(logits), k)                                  # [B, k]
+    U = 1 + (D - 1) * k                             # draft slots: root, then k frontier nodes per depth
+    cand_tok = [last_B[:, None], tok.astype(jnp.int32)]
+    cand_score = [jnp.zeros((B, 1)), score]
+    cand_parent = [jnp.full((B, 1), -1, jnp.int32), jnp.zeros((B, k), jnp.int32)]
+    M = 1 + shape.candidates
+    slot_of = jnp.zeros((B, M), jnp.int32)         # draft slot of each candidate that was fed (else unused)
+    front_id = jnp.broadcast_to(jnp.arange(1, k + 1, dtype=jnp.int32), (B, k))     # candidate ids
+    front_score, front_tok = score, tok.astype(jnp.int32)
+    front_anc = jnp.zeros((B, k, U), bool).at[:, :, 0].set(True)                   # root
+    rows_B1, rows_1k = jnp.arange(B)[:, None], jnp.arange(k)[None, :]
+    n_cand = 1 + k
+    for d in range(2, D + 1):
+      slots = jnp.broadcast_to(1 + (d - 2) * k + jnp.arange(k, dtype=jnp.int32), (B, k))
+      front_anc = front_anc.at[rows_B1, rows_1k, slots].set(True)
+      slot_of = slot_of.at[rows_B1, front_id].set(slots)
+      logits_BxkxV, cache = self._extend(draft_params, cache, front_tok, d - 1, slots, front_anc)
+      lp, ctok = jax.lax.top_k(logprobs(logits_BxkxV), k)                             # [B, k, k]
+      cscore = (front_score[:, :, None] + lp).reshape(B, k * k)
+      cand_tok.append(ctok.reshape(B, k * k).astype(jnp.int32))
+      cand_score.append(cscore)
+      cand_parent.append(jnp.repeat(front_id, k, axis=1))
+      if d < D:
+        front_score, best = jax.lax.top_k(cscore, k)
+        front_id = n_cand + best.astype(jnp.int32)
+        front_tok = jnp.take_along_axis(cand_tok[-1], best, axis=1)
+        front_anc = jnp.take_along_axis(front_anc, (best // k)[:, :, None], axis=1)
+      n_cand += k * k
+    tok_all = jnp.concatenate(cand_tok, axis=1)
+    score_all = jnp.concatenate(cand_score, axis=1)
+    parent_all = jnp.concatenate(cand_parent, axis=1)
+    slot_all = slot_of
+    # The best N candidates (ties: the lower id, i.e. the shallower), in id order = BFS order.
+    _, best = jax.lax.top_k(score_all[:, 1:], N)
+    chosen = jnp.sort(best + 1, axis=1)                                               # [B, N]
+    node_of = jnp.zeros((B, n_cand), jnp.int32).at[jnp.arange(B)[:, None], chosen].set(
+        jnp.broadcast_to(jnp.arange(1, N + 1, dtype=jnp.int32), (B, N)))
+    chosen1 = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), chosen], axis=1)      # root first
+    parents = jnp.take_along_axis(node_of, jnp.maximum(jnp.take_along_axis(parent_all, chosen1, axis=1), 0),
+                                  axis=1).at[:, 0].set(-1)
+    draft = Draft(jnp.take_along_axis(tok_all, chosen1, axis=1), parents, jnp.ones((B, N + 1), bool), None,
+                  jnp.take_along_axis(slot_all, chosen1, axis=1))
+    return cache, draft
 
-    (cache, _), (rest_KxB, rest_q) = jax.lax.scan(body, (out.cache, tok), keys[1:])
-    tokens = jnp.concatenate([tok[:, None], rest_KxB.T], axis=1)
-    probs = None if sp.greedy else jnp.concatenate([q[:, None], jnp.swapaxes(rest_q, 0, 1)], axis=1)
-    return cache, tokens, probs, _full(B, K)
-
-  def commit(self, state: KVCache, new_lengths_B):
-    return state.with_lengths(new_lengths_B)
+  def commit(self, state: KVCache, lengths_B, path_slots_BxD1, new_lengths_B):
+    return compact(state, lengths_B, path_slots_BxD1).with_lengths(new_lengths_B)
 
 
 @dataclasses.dataclass(frozen=True)
 class NgramDrafter:
-  """Prompt lookup: an earlier occurrence of the last n tokens (n = max_ngram down to min_ngram) proposes
-  the tokens that followed it — the most recent occurrence followed by K known tokens, else the earliest.
+  """Prompt lookup: earlier occurrences of the last n tokens (n = max_ngram down to min_ngram, the
+  ``occurrences`` best of each) propose the tokens that followed them; the continuations form a trie.
 
-  ``match_caps[i]`` caps the proposals after a match of only i + 1 tokens (longer matches propose K): short
-  matches are rarely right (on summarization, a 1-token match's first draft is accepted ~1 time in 4, a
+  Candidates are ranked by match length, then by how many known tokens follow the occurrence (up to the
+  tree's depth), then by recency — so the first is the most recent occurrence followed by a full-depth
+  continuation, else the earliest.  The node of rank r below a node is the r-th distinct next token among the
+  candidates through that node, in rank order; a static tree keeps the nodes that exist, a dynamic one the
+  first N trie nodes taking candidates in rank order.
+
+  ``match_caps[i]`` caps the tokens proposed after a match of only i + 1 tokens (longer matches: the depth):
+  short matches are rarely right (on summarization, a 1-token match's first draft is accepted ~1 time in 4, a
   3-token match's 7 in 10), and the engine verifies only as many slots as some sequence drafted, so not
   drafting them saves most of a verification's extra cost.
   """
   max_ngram: int = 3
   min_ngram: int = 1
   match_caps: tuple[int, ...] = ()
+  occurrences: int = 4
   name: str = "ngram"
+  siblings_without_replacement: bool = False
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
     return ()
 
-  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, K, key, sp):
+  def forwards(self, shape) -> int:
+    return 0
+
+  def candidates(self, seq_BxS, lengths_B, D: int):
+    """Continuations [B, C, D] and their lengths [B, C], best first (C = occurrences x n-gram sizes)."""
     B, S = seq_BxS.shape
-    if K == 0:
-      return state, jnp.zeros((B, 0), jnp.int32), None, _full(B, 0)
     L_B = lengths_B                                   # index of the newest known token
     i_S = jnp.arange(S)
-    found_B = jnp.zeros((B,), bool)
-    start_B = jnp.zeros((B,), jnp.int32)              # where the continuation begins
-    cap_B = jnp.zeros((B,), jnp.int32)                # proposals allowed by the length of the match
+    R = min(self.occurrences, S)
+    toks, lens = [], []
     for n in range(self.max_ngram, self.min_ngram - 1, -1):
       match = jnp.ones((B, S), bool)
       for j in range(n):
@@ -136,23 +279,78 @@ class NgramDrafter:
         match &= shifted == want_B
       # The occurrence must end before the newest token and the suffix must exist.
       ok = match & (i_S[None, :] + n - 1 < L_B[:, None]) & (L_B[:, None] >= n - 1)
-      # Prefer the most recent occurrence followed by K known tokens; else the earliest (longest follow-up).
-      full = ok & (i_S[None, :] + n + K - 1 <= L_B[:, None])
-      i_recent = jnp.max(jnp.where(full, i_S[None, :], -1), axis=1)
-      i_first = jnp.min(jnp.where(ok, i_S[None, :], S), axis=1)
-      i_best = jnp.where(i_recent >= 0, i_recent, jnp.where(i_first < S, i_first, -1))
-      hit = (i_best >= 0) & ~found_B
-      start_B = jnp.where(hit, i_best + n, start_B)
-      cap_B = jnp.where(hit, self.match_caps[n - 1] if n <= len(self.match_caps) else K, cap_B)
-      found_B |= hit
-    idx_BxK = start_B[:, None] + jnp.arange(K)[None, :]
-    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(idx_BxK, S - 1), axis=1)
-    available = jnp.clip(L_B + 1 - start_B, 0, K)     # only tokens already known can be proposed
-    limit = jnp.where(found_B, jnp.minimum(available, cap_B), 0).astype(jnp.int32)
-    return state, tokens, None, limit
+      avail = jnp.clip(L_B[:, None] + 1 - (i_S[None, :] + n), 0, D)          # known tokens that follow
+      rank = jnp.where(ok, jnp.where(avail >= D, S + i_S[None, :], S - i_S[None, :]), -1)
+      top, occ = jax.lax.top_k(rank, R)                                        # [B, R]
+      cap = self.match_caps[n - 1] if n <= len(self.match_caps) else D
+      start = occ + n
+      lens.append(jnp.where(top >= 0, jnp.minimum(jnp.take_along_axis(avail, occ, axis=1), cap), 0))
+      idx = jnp.minimum(start[:, :, None] + jnp.arange(D)[None, None, :], S - 1)
+      toks.append(jnp.take_along_axis(seq_BxS[:, None, :], idx, axis=2))
+    return jnp.concatenate(toks, axis=1).astype(jnp.int32), jnp.concatenate(lens, axis=1).astype(jnp.int32)
 
-  def commit(self, state, new_lengths_B):
+  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):
+    B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
+    if shape.num_nodes == 0:
+      return NoDrafter().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
+    cand, clen = self.candidates(seq_BxS, lengths_B, shape.max_depth)
+    if isinstance(shape, DynamicShape):
+      return state, _trie(cand, clen, last_B, shape.num_nodes)
+    C = cand.shape[1]
+    earlier = jnp.tril(jnp.ones((C, C), bool), -1)                             # earlier[c, c'] = c' < c
+    through = [jnp.ones((B, C), bool)]                                         # candidates through node i
+    tokens, valid = [last_B], [jnp.ones((B,), bool)]
+    for i in range(1, N1):
+      p, r, d = shape.parents[i], shape.ranks[i], shape.depths[i]
+      m = through[p] & (clen > d - 1)
+      tok_c = cand[:, :, d - 1]
+      same = (tok_c[:, :, None] == tok_c[:, None, :]) & m[:, None, :] & earlier[None]
+      first = m & ~jnp.any(same, axis=2)
+      rank_c = jnp.cumsum(first, axis=1) - 1
+      sel = first & (rank_c == r)
+      ok = jnp.any(sel, axis=1)
+      tok = jnp.sum(jnp.where(sel, tok_c, 0), axis=1)
+      tokens.append(tok)
+      valid.append(ok)
+      through.append(m & (tok_c == tok[:, None]) & ok[:, None])
+    return state, _static_draft(shape, jnp.stack(tokens, axis=1).astype(jnp.int32), jnp.stack(valid, axis=1))
+
+  def commit(self, state, lengths_B, path_slots_BxD1, new_lengths_B):
     return state
+
+
+def _trie(cand_BxCxD, clen_BxC, last_B, N: int) -> Draft:
+  """The first N nodes of the trie of the candidates, taking them best first, in BFS order."""
+  B, C, D = cand_BxCxD.shape
+  d_D = jnp.arange(D)
+  live = d_D[None, None, :] < clen_BxC[:, :, None]                                         # [B, C, D]
+  same = jnp.cumprod(cand_BxCxD[:, :, None, :] == cand_BxCxD[:, None, :, :], axis=3).astype(bool)
+  same &= live[:, :, None, :] & live[:, None, :, :]                                         # [B, C, C', D]
+  owner = jnp.argmax(same, axis=2).astype(jnp.int32)                     # the first candidate with the prefix
+  new = live & (owner == jnp.arange(C)[None, :, None])                   # [B, C, D]: a trie node of its own
+  flat_new = new.reshape(B, C * D)                                       # candidate-major order
+  keep = flat_new & (jnp.cumsum(flat_new, axis=1) <= N)
+  depth_f = jnp.tile(d_D, C)[None, :]
+  f = jnp.arange(C * D)[None, :]
+  order = jnp.argsort(jnp.where(keep, depth_f * C * D + f, 2 * C * D * D), axis=1)[:, :N]  # BFS, [B, N]
+  kept = jnp.take_along_axis(keep, order, axis=1)
+  node_of = jnp.zeros((B, C * D), jnp.int32).at[jnp.arange(B)[:, None], order].set(
+      jnp.broadcast_to(jnp.arange(1, N + 1, dtype=jnp.int32), (B, N)))
+  c_of, d_of = order // D, order % D
+  parent_flat = jnp.take_along_axis(owner.reshape(B, C * D), c_of * D + jnp.maximum(d_of - 1, 0), axis=1) * D \
+      + jnp.maximum(d_of - 1, 0)
+  parents = jnp.where(d_of == 0, 0, jnp.take_along_axis(node_of, parent_flat, axis=1))
+  tokens = jnp.take_along_axis(cand_BxCxD.reshape(B, C * D), order, axis=1)
+  root = lambda x, v: jnp.concatenate([jnp.full((B, 1), v, x.dtype), x], axis=1)
+  return Draft(root(tokens, 0).at[:, 0].set(last_B), root(parents.astype(jnp.int32), -1),
+               root(kept, True), None, None)
+
+
+def propose_chain(drafter, draft_params, state, seq_BxS, lengths_B, last_B, K: int, key, sp):
+  """A chain of K proposals as (state, tokens [B, K], live count [B]): the chain:K tree read as a list."""
+  state, d = drafter.propose(draft_params, state, seq_BxS, lengths_B, last_B, tree_shapes.chain(K), key, sp)
+  live = jnp.sum(jnp.cumprod(d.valid_BxN1[:, 1:], axis=1), axis=1).astype(jnp.int32)
+  return state, d.tokens_BxN1[:, 1:], live
 
 
 def layer_subset(params, layers: tuple[int, ...]):

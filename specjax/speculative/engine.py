@@ -1,14 +1,17 @@
 """The speculative step and loop.
 
-One iteration (``spec_step``, one jitted function over static shapes B, K = k_max, S):
-  1. the drafter proposes K tokens (slots at or past k_active[b] are masked),
-  2. the target verifies [last, d_1..d_K] in one forward over the fixed KV buffers (K+1 new slots, of which
-     the native CPU kernels compute only those some sequence still needs),
-  3. the acceptance rule keeps n[b] drafts and picks the next token (correction or bonus),
-  4. commit: EOS and max_new_tokens may cut the n+1 new tokens short; the target cache length advances by
-     the number kept (rejected slots stay behind the length, masked, overwritten later), the drafter
-     rolls back to the same length.
-With K = 0 and ``NoDrafter`` this is plain autoregressive decoding: baselines run the same code.
+One iteration (``spec_step``, one jitted function over static shapes B, N1 = N + 1 tree slots, S):
+  1. the drafter fills a token tree of N draft nodes under the root ``last`` (``tree.py``; the engine's
+     ``shape``: a chain of k by default, any static tree, or a dynamic one chosen each step); node slots
+     past k_active[b] or past the buffer's room are masked,
+  2. the target verifies all N1 nodes in one forward over the fixed KV buffers, attention masked by the
+     tree's ancestors, positions = length + depth (the native CPU kernels compute only the rows up to the
+     last live node),
+  3. the acceptance rule picks the accepted root-to-leaf path (n[b] drafts) and the next token,
+  4. commit: EOS and max_new_tokens may cut the n+1 new tokens short; the accepted path's K/V move to the
+     slots right after the committed prefix (``kv_cache.compact``; nothing moves for a chain), the length
+     advances by the number kept, the drafter compacts its own cache the same way.
+With N = 0 and ``NoDrafter`` this is plain autoregressive decoding: baselines run the same code.
 
 ``generate`` runs prefill and the whole loop on device (``lax.while_loop``); ``init`` + ``decode_loop`` are the
 same in two calls (benchmarks time decoding apart from prefill); ``init`` + ``spec_step`` are the
@@ -24,7 +27,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import decode, sampling
-from specjax.kv_cache import KVCache
+from specjax.kv_cache import KVCache, compact
+from specjax.speculative import tree as tree_lib
+from specjax.speculative import tree_shapes
 from specjax.speculative.acceptance import rule_for
 
 
@@ -37,9 +42,10 @@ class SpecStats:
   accepted_B: jax.Array        # of which accepted
   committed_B: jax.Array       # tokens committed by speculative iterations (accepted + 1 per iteration)
   verify_steps_B: jax.Array    # iterations in which the sequence was live
-  pos_accepted_K: jax.Array    # per draft position: accepted
-  pos_reached_K: jax.Array     # per draft position: examined
-  verify_rows_K1: jax.Array    # [K+1]: iterations whose verification had 1, 2, ..., K+1 live rows
+  pos_accepted_K: jax.Array    # [D] per tree depth: a node there was accepted
+  pos_reached_K: jax.Array     # [D] per tree depth: the accepted path reached a node with children there
+  verify_rows_K1: jax.Array    # [N+1]: iterations whose verification had 1, 2, ..., N+1 live rows
+  node_accepted_N1: jax.Array  # [N+1]: per tree node, live iterations whose accepted path went through it
 
 
 @struct.dataclass
@@ -59,16 +65,27 @@ class Engine(NamedTuple):
   """Static description of a speculative decoder (hashable: a jit static argument)."""
   cfg: Any                     # target ModelConfig
   drafter: Any                 # NoDrafter | ModelDrafter | NgramDrafter
-  k_max: int
+  k_max: int                   # N: draft nodes per iteration (a chain's k)
   sp: sampling.SamplingParams
   eos_ids: tuple[int, ...] = ()
   buckets: tuple[int, ...] | None = None
-  draft_forwards_per_step: int = 0   # for stats: model drafters run k_max forwards per iteration
   acceptance: Any = None             # None: GreedyAcceptance when sp is greedy, else SpeculativeSampling
+  tree: Any = None                   # StaticTree | DynamicShape with k_max nodes; None: the chain of k_max
 
   @property
   def rule(self):
     return self.acceptance if self.acceptance is not None else rule_for(self.sp)
+
+  @property
+  def shape(self):
+    shape = self.tree if self.tree is not None else tree_shapes.chain(self.k_max)
+    if shape.num_nodes != self.k_max:
+      raise ValueError(f"engine k_max={self.k_max} but its tree has {shape.num_nodes} nodes")
+    return shape
+
+  @property
+  def depth(self) -> int:       # D: the deepest node
+    return self.shape.max_depth
 
 
 def _is_eos(tok, eos_ids):
@@ -91,59 +108,67 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   seq = jnp.where(jnp.arange(S)[None, :] < prompt_lens_B[:, None], seq, 0)
   seq = seq.at[jnp.arange(B), jnp.where(live, prompt_lens_B, S)].set(tok, mode="drop")
   num_new = live.astype(jnp.int32)
-  K = engine.k_max
+  N, D = engine.k_max, engine.depth
   zeros_B = jnp.zeros((B,), jnp.int32)
   stats = SpecStats(iterations=jnp.zeros((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
                     draft_forwards=jnp.zeros((), jnp.int32), drafted_B=zeros_B, accepted_B=zeros_B,
-                    committed_B=zeros_B, verify_steps_B=zeros_B, pos_accepted_K=jnp.zeros((K,), jnp.int32),
-                    pos_reached_K=jnp.zeros((K,), jnp.int32),
-                    verify_rows_K1=jnp.zeros((K + 1,), jnp.int32))
+                    committed_B=zeros_B, verify_steps_B=zeros_B, pos_accepted_K=jnp.zeros((D,), jnp.int32),
+                    pos_reached_K=jnp.zeros((D,), jnp.int32),
+                    verify_rows_K1=jnp.zeros((N + 1,), jnp.int32),
+                    node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
                    key=key, stats=stats)
 
 
+def _is_chain(shape) -> bool:
+  return isinstance(shape, tree_shapes.StaticTree) and shape.parents == (-1,) + tuple(range(shape.num_nodes))
+
+
 def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_active_B) -> SpecState:
   """One draft → verify → accept → commit iteration for every live sequence."""
-  K = engine.k_max
+  shape, N, D = engine.shape, engine.k_max, engine.depth
+  N1 = N + 1
   cache = state.cache
   B, S = state.seq_BxS.shape
   lengths = cache.lengths
   live = ~state.done_B
   key, k_draft, k_accept = jax.random.split(state.key, 3)
 
-  # 1. Draft.
-  draft, drafts_BxK, q, limit_B = engine.drafter.propose(draft_params, state.draft, state.seq_BxS, lengths,
-                                                        state.last_B, K, k_draft, engine.sp)
-  # Never draft past the cache: K+1 slots must fit at lengths.
+  # 1. Draft a tree.  Node i is verified at slot lengths + i: never past the cache, never past k_active.
+  draft, d = engine.drafter.propose(draft_params, state.draft, state.seq_BxS, lengths, state.last_B, shape,
+                                    k_draft, engine.sp)
   room_B = jnp.maximum(S - 1 - lengths, 0)
-  k_act = jnp.minimum(jnp.minimum(k_active_B, limit_B), jnp.minimum(room_B, K)).astype(jnp.int32)
+  active = jnp.arange(N1)[None, :] <= jnp.minimum(k_active_B, room_B)[:, None]
+  tree = tree_lib.build(d.tokens_BxN1, d.parents_BxN1, d.valid_BxN1 & active & live[:, None])
 
-  # 2. Verify [last, d_1..d_K] in one target forward over K+1 slots.  Only the first `rows` matter (the most
-  #    live drafts of any sequence, + 1): the native CPU kernels skip the rest, so a step whose drafter found
-  #    little to propose costs about what a plain decoding step costs.  Nothing here depends on `rows` for
-  #    shapes: it is data, and changing it compiles nothing.
-  verify_BxK1 = jnp.concatenate([state.last_B[:, None], drafts_BxK], axis=1)
-  positions = lengths[:, None] + jnp.arange(K + 1)[None, :]
-  rows = jnp.max(jnp.where(live, k_act, 0)) + 1
-  out = decode.windowed_forward(target_params, engine.cfg, verify_BxK1, positions, cache,
-                                buckets=engine.buckets, live_T=rows)
+  # 2. Verify every node in one target forward.  Only the rows up to the last live node matter: the native
+  #    CPU kernels skip the rest, so a step whose drafter found little to propose costs about what a plain
+  #    decoding step costs.  `rows` is data: changing it compiles nothing.
+  node_ids = jnp.arange(N1)[None, :]
+  rows = jnp.max(jnp.where(tree.valid_BxN1 & live[:, None], node_ids, 0)) + 1
+  out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, lengths),
+                                cache, buckets=engine.buckets, live_T=rows,
+                                region_mask_BxTxU=tree_lib.region_mask(tree))
 
-  # 3. Accept.
-  acc = engine.rule(out.logits, drafts_BxK, q, k_act, k_accept, engine.sp)
-  n = acc.num_accepted_B
+  # 3. Accept: a root-to-leaf path of n drafts, then the next token.
+  acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, engine.sp,
+                    engine.drafter.siblings_without_replacement)
+  n = jnp.take_along_axis(tree.depth_BxN1, acc.leaf_B[:, None], axis=1)[:, 0]
+  path = tree_lib.path_nodes(tree, acc.leaf_B, D)                               # [B, D+1], -1 past n
 
-  # 4. Commit: candidates d_1..d_n, next; cut at the first EOS and at max_new_tokens.
-  j_K1 = jnp.arange(K + 1)[None, :]
-  cand = jnp.concatenate([drafts_BxK, jnp.zeros((B, 1), jnp.int32)], axis=1)
-  cand = jnp.where(j_K1 == n[:, None], acc.next_token_B[:, None], cand)
-  valid = j_K1 <= n[:, None]
+  # 4. Commit: the path's drafts, then next; cut at the first EOS and at max_new_tokens.
+  j_D1 = jnp.arange(D + 1)[None, :]
+  path_tok = jnp.take_along_axis(tree.tokens_BxN1, jnp.maximum(path[:, 1:], 0), axis=1)
+  cand = jnp.concatenate([path_tok, jnp.zeros((B, 1), jnp.int32)], axis=1)
+  cand = jnp.where(j_D1 == n[:, None], acc.next_token_B[:, None], cand)
+  valid = j_D1 <= n[:, None]
   eos = _is_eos(cand, engine.eos_ids) & valid
   after_eos = (jnp.cumsum(eos.astype(jnp.int32), axis=1) - eos.astype(jnp.int32)) > 0
   budget = (state.max_new_B - state.num_new_B)[:, None]
-  keep = valid & ~after_eos & (j_K1 < budget) & live[:, None]
+  keep = valid & ~after_eos & (j_D1 < budget) & live[:, None]
   count = jnp.sum(keep, axis=1).astype(jnp.int32)                 # tokens committed this iteration
-  idx = jnp.where(keep, lengths[:, None] + 1 + j_K1, S)
+  idx = jnp.where(keep, lengths[:, None] + 1 + j_D1, S)
   seq = state.seq_BxS.at[jnp.arange(B)[:, None], idx].set(cand, mode="drop")
   new_lengths = lengths + count
   newest = jnp.take_along_axis(cand, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
@@ -152,22 +177,31 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   hit_eos = jnp.any(eos & keep, axis=1)
   done = state.done_B | hit_eos | (num_new >= state.max_new_B)
 
+  # The accepted path's K/V move next to the prefix (a chain's path is already there).
+  new_cache = out.cache.with_lengths(new_lengths)
+  if not _is_chain(shape):
+    new_cache = compact(new_cache, lengths, path)
+  slots = d.slots_BxN1 if d.slots_BxN1 is not None else jnp.broadcast_to(node_ids, (B, N1)).astype(jnp.int32)
+  path_slots = jnp.where(path >= 0, jnp.take_along_axis(slots, jnp.maximum(path, 0), axis=1), -1)
+  draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths)
+
   st = state.stats
   live_i = live.astype(jnp.int32)
+  reached_D = jnp.take_along_axis(tree_lib.has_child(tree), jnp.maximum(path[:, :D], 0), axis=1) & (path[:, :D] >= 0)
   stats = SpecStats(
       iterations=st.iterations + 1,
       target_forwards=st.target_forwards + 1,
-      draft_forwards=st.draft_forwards + engine.draft_forwards_per_step,
-      drafted_B=st.drafted_B + k_act * live_i,
+      draft_forwards=st.draft_forwards + engine.drafter.forwards(shape),
+      drafted_B=st.drafted_B + jnp.sum(tree.valid_BxN1[:, 1:], axis=1).astype(jnp.int32) * live_i,
       accepted_B=st.accepted_B + n * live_i,
       committed_B=st.committed_B + count,
       verify_steps_B=st.verify_steps_B + live_i,
-      pos_accepted_K=st.pos_accepted_K + jnp.sum(acc.accepted_BxK & live[:, None], axis=0),
-      pos_reached_K=st.pos_reached_K + jnp.sum(acc.reached_BxK & live[:, None], axis=0),
-      verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1))
-  return SpecState(cache=out.cache.with_lengths(new_lengths), draft=engine.drafter.commit(draft, new_lengths),
-                   seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done, max_new_B=state.max_new_B,
-                   key=key, stats=stats)
+      pos_accepted_K=st.pos_accepted_K + jnp.sum((j_D1[:, :D] < n[:, None]) & live[:, None], axis=0),
+      pos_reached_K=st.pos_reached_K + jnp.sum(reached_D & live[:, None], axis=0),
+      verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1),
+      node_accepted_N1=st.node_accepted_N1 + jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0))
+  return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
+                   max_new_B=state.max_new_B, key=key, stats=stats)
 
 
 @functools.partial(jax.jit, static_argnames=("engine",), donate_argnames=("cache",))

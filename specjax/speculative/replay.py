@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling
+from specjax.speculative.drafters import propose_chain
 
 
 def replay_greedy(drafter, seq_BxS: np.ndarray, prompt_lens_B: np.ndarray, ends_B: np.ndarray, K: int):
@@ -27,7 +28,8 @@ def replay_greedy(drafter, seq_BxS: np.ndarray, prompt_lens_B: np.ndarray, ends_
   @jax.jit
   def propose(seq, lengths):
     known = jnp.where(jnp.arange(S)[None, :] <= lengths[:, None], seq, -1)   # nothing from the future
-    _, toks, _, limit = drafter.propose((), (), known, lengths, None, K, None, sampling.SamplingParams())
+    last = jnp.take_along_axis(known, lengths[:, None], axis=1)[:, 0]
+    _, toks, limit = propose_chain(drafter, (), (), known, lengths, last, K, None, sampling.SamplingParams())
     idx = lengths[:, None] + 1 + jnp.arange(K)[None, :]
     right = (toks == jnp.take_along_axis(seq, idx, axis=1)) & (jnp.arange(K)[None, :] < limit[:, None])
     return limit, jnp.sum(jnp.cumprod(right, axis=1), axis=1)
