@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, model as model_lib, sampling
+from specjax import decode, machine, model as model_lib, sampling
 from specjax import speculative as spec
+from specjax.speculative import tree_shapes
+from specjax.speculative.drafters import DynamicShape, shape_for
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
@@ -223,7 +226,10 @@ def _log(message: str) -> None:
 
 
 def _shape_key(engine: spec.Engine) -> str:
-  return f"{engine.drafter.name} k={engine.k_max}"
+  key = f"{engine.drafter.name} k={engine.k_max}"
+  if engine.tree is not None:
+    key += f" ({type(engine.tree).__name__}, depth {engine.depth})"
+  return key
 
 
 def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad: int, max_len: int,
@@ -273,20 +279,98 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
 
 
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
-                max_len: int) -> spec.Engine:
+                max_len: int, tree=None) -> spec.Engine:
+  """``tree``: the engine's shape (``TreeChoice.shape``: a StaticTree or a DynamicShape with k_max nodes);
+  None drafts the chain of k_max."""
   return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
-                     buckets=decode.kv_buckets(max_len))
+                     buckets=decode.kv_buckets(max_len), tree=tree)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Token trees
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeChoice:
+  """A ``--tree`` spec resolved: the parsed spec, the engine's shape and the acceptance vector (if given)."""
+  spec: tree_shapes.TreeSpec
+  shape: Any                               # StaticTree | DynamicShape
+  acc: tuple[float, ...] | None = None
+
+  @property
+  def label(self) -> str:
+    return str(self.spec)
+
+  @property
+  def num_nodes(self) -> int:
+    return self.shape.num_nodes
+
+
+def load_acceptance(acceptance) -> tuple[float, ...] | None:
+  """An acceptance vector from a file written by ``specjax acceptance-vector`` or from a list of numbers."""
+  if acceptance is None:
+    return None
+  if isinstance(acceptance, (str, os.PathLike)):
+    return tree_shapes.load_acceptance_vector(acceptance)
+  return tuple(float(a) for a in tree_shapes.validate_acceptance(acceptance))
+
+
+def resolve_tree(tree, acceptance=None, *, drafter: str = "ngram",
+                 max_len: int = DEFAULT_MAX_LEN) -> TreeChoice | None:
+  """Parse and check a ``--tree`` spec (text or ``TreeSpec``) before any model work; None when no tree is
+  given (the chain of ``--k``).  Node i is verified at KV slot length + i, so N + 2 <= max_len."""
+  if drafter == "none" and (tree is not None or acceptance is not None):
+    flag = "--tree" if tree is not None else "--acceptance"
+    raise SpecjaxError(f"{flag} needs a drafter to fill the tree: pass --drafter ngram, layerskip or model")
+  acc = load_acceptance(acceptance)
+  if tree is None:
+    return None
+  spec_ = tree if isinstance(tree, tree_shapes.TreeSpec) else _parse_tree(str(tree))
+  spec_.check_budget(max_len - 2)
+  if not spec_.is_static and acc is not None:
+    raise SpecjaxError(f"--acceptance is not used by the dynamic tree '{spec_}' (chosen every step): drop it "
+                       "or use --tree sequoia:N")
+  return TreeChoice(spec_, shape_for(spec_, acc), acc)
+
+
+def _parse_tree(text: str) -> tree_shapes.TreeSpec:
+  """``parse_tree_spec``, naming the file when a ``paths:`` file does not hold a tree."""
+  try:
+    return tree_shapes.parse_tree_spec(text)
+  except SpecjaxError as e:
+    kind, _, file = text.partition(":")
+    if kind.strip().lower() != "paths" or file.strip() in str(e):
+      raise
+    raise SpecjaxError(f"tree paths file '{file.strip()}' is not a tree: {e}") from None
+
+
+def tree_stats(choice: TreeChoice | None, k_max: int, acceptance=None) -> dict:
+  """The tree keys of a result: spec text (``chain:K`` without a tree), nodes N, and τ predicted from the
+  acceptance vector for a static tree."""
+  if choice is None:
+    acc = load_acceptance(acceptance)
+    out = {"tree": f"chain:{k_max}", "nodes": k_max}
+    shape = tree_shapes.chain(k_max)
+  else:
+    acc, shape = choice.acc, choice.shape
+    out = {"tree": choice.label, "nodes": choice.num_nodes}
+  if acc is not None and not isinstance(shape, DynamicShape) and k_max > 0:
+    out["predicted_mean_accepted_length"] = tree_shapes.predicted_tau(shape, acc)
+  return out
 
 
 def spec_metrics(stats: spec.SpecStats) -> dict:
-  """τ, α and per-position acceptance from the loop's counters (numpy in, floats out)."""
+  """τ, α, acceptance per tree depth (pos_accepted / pos_reached; ``acceptance_by_position`` is the same list
+  under its chain-era name) and per-node accepted counts (node 0: live iterations) from the loop's counters."""
   g = lambda x: np.asarray(x)
   committed, steps = g(stats.committed_B).sum(), g(stats.verify_steps_B).sum()
   drafted, accepted = g(stats.drafted_B).sum(), g(stats.accepted_B).sum()
   reached, pos_acc = g(stats.pos_reached_K), g(stats.pos_accepted_K)
+  by_depth = [float(a / r) if r else 0.0 for a, r in zip(pos_acc, reached)]
   return {"mean_accepted_length": float(committed / steps) if steps else 1.0,
           "acceptance_rate": float(accepted / drafted) if drafted else 0.0,
-          "acceptance_by_position": [float(a / r) if r else 0.0 for a, r in zip(pos_acc, reached)],
+          "acceptance_by_depth": by_depth, "acceptance_by_position": by_depth,   # a chain's depth = position
+          "node_accepted": g(stats.node_accepted_N1).tolist(),
           "drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
           "target_forwards": int(g(stats.target_forwards)), "draft_forwards": int(g(stats.draft_forwards)),
           "iterations": int(g(stats.iterations)), "verify_rows_steps": g(stats.verify_rows_K1).tolist()}
@@ -297,16 +381,19 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
              batch_size: int = 1, chat: bool = True, max_len: int = DEFAULT_MAX_LEN,
              ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
-             ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS) -> tuple[list[Generation], dict]:
+             ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
+             acceptance=None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
   ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
   (the target's own ``draft_layers``: a count of first layers or a list of indices) or ``model`` (``draft``:
-  a small model with the same tokenizer); ``k`` tokens are drafted per step.
+  a small model with the same tokenizer); ``k`` tokens are drafted per step, in a chain, unless ``tree``
+  (a spec such as ``branch:4,2``, ``sequoia:16`` or ``dynamic:16``; see ``tree_shapes``) gives the token tree
+  of N draft nodes (``k`` is then ignored).  ``acceptance`` (a file or a list) feeds ``sequoia`` trees.
   Returns the generations and stats: new tokens; seconds spent loading the model (``load_s``), compiling or
   reading executables from the compilation cache (``compile_s``), in prefill (``prefill_s``, which also
   samples each sequence's first token) and in the decode loops (``decode_s``); tokens/s over prefill and
-  decoding; τ, α, per-position acceptance, forward counts.
+  decoding; τ, α, acceptance per tree depth, forward counts; the tree (``chain:K`` without one) and N.
   """
   if max_new_tokens < 1:
     raise SpecjaxError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -318,17 +405,20 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
-  drafter_obj, draft_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers,
-                                                   draft=draft, max_len=max_len, ngram_caps=ngram_caps)
+  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
+  drafter_obj, draft_params, k_max = build_drafter(
+      m, drafter, k=choice.num_nodes if choice else k, ngram=ngram, draft_layers=draft_layers, draft=draft,
+      max_len=max_len, ngram_caps=ngram_caps)
   encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
-  engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len)
+  engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len, tree=choice.shape if choice else None)
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
            "load_s": m.load_s + (draft.load_s if draft is not None else 0.0), "compile_s": 0.0,
-           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max}
+           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max,
+           **tree_stats(choice, k_max, acceptance)}
   totals = None
   for start in range(0, len(encoded), batch_size):
     chunk = encoded[start:start + batch_size]
@@ -364,6 +454,42 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   stats["tokens_per_s"] = stats["new_tokens"] / run_s if run_s else 0.0
   stats.update(spec_metrics(totals))
   return outputs, stats
+
+
+def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str = "ngram", ranks: int = 8,
+                      max_new_tokens: int = 64, max_len: int = DEFAULT_MAX_LEN, batch_size: int = 1,
+                      ngram: int = 3, draft_layers=None, draft: Model | None = None,
+                      ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, progress: bool = False) -> dict:
+  """The per-rank acceptance vector of a target/drafter pair, measured by greedy speculative decoding with
+  the star tree ``branch:R`` (the drafter's R best choices under the root): ``acc[r]`` is the fraction of
+  live iterations in which the target's token was the drafter's r-th choice.  Returns the JSON that
+  ``tree_shapes.load_acceptance_vector`` reads back."""
+  if drafter == "none":
+    raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
+  if ranks < 1:
+    raise SpecjaxError(f"--ranks must be >= 1, got {ranks}")
+  _, stats = generate(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, batch_size=batch_size,
+                      drafter=drafter, ngram=ngram, draft_layers=draft_layers, draft=draft,
+                      ngram_caps=ngram_caps, tree=f"branch:{ranks}", progress=progress)
+  counts_R1 = stats["node_accepted"]
+  live = counts_R1[0]
+  if live == 0:
+    raise SpecjaxError("no speculative iteration ran (every reply ended at its first token): use more prompts "
+                       "or a larger --max-new-tokens")
+  out = {"acceptance_vector": [c / live for c in counts_R1[1:]], "model": m.source, "drafter": drafter,
+         "ranks": ranks, "iterations": int(live), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+         "new_tokens": stats["new_tokens"], "mean_accepted_length": stats["mean_accepted_length"],
+         "machine": machine.describe()}
+  out.update(_drafter_settings(m, drafter, ngram, draft_layers, draft, ngram_caps))
+  return out
+
+
+def _drafter_settings(m: Model, drafter: str, ngram: int, draft_layers, draft, ngram_caps) -> dict:
+  if drafter == "ngram":
+    return {"ngram": ngram, "ngram_caps": list(ngram_caps or ())}
+  if drafter == "layerskip":
+    return {"draft_layers": list(parse_layers(draft_layers, m.cfg.num_layers))}
+  return {"draft": draft.source if draft is not None else None}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -26,10 +26,11 @@ from specjax import decode, machine, sampling
 from specjax import paired as paired_lib
 from specjax import speculative as spec
 from specjax.api import (DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits, compile_generate, encode_prompts,
-                         make_engine, pad_batch, parse_layers, spec_metrics)
+                         make_engine, pad_batch, parse_layers, resolve_tree, spec_metrics, tree_stats)
 from specjax.kv_cache import cache_bytes, init_cache
 from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
+from specjax.speculative import tree_shapes
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
@@ -123,14 +124,21 @@ def autoregressive_method(m: Model, eos_ids, max_len: int) -> Method:
 
 
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
-                       draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS) -> Method:
-  d_obj, d_params, k_max = build_drafter(m, drafter, k=k, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                                         max_len=max_len, ngram_caps=ngram_caps)
-  engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len)
-  settings = {"drafter": drafter, "k": k_max}
+                       draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS,
+                       tree=None, acceptance=None) -> Method:
+  """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
+  sequoia) replaces the chain of ``k`` by a token tree of N nodes."""
+  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
+  d_obj, d_params, k_max = build_drafter(m, drafter, k=choice.num_nodes if choice else k, ngram=ngram,
+                                         draft_layers=draft_layers, draft=draft, max_len=max_len,
+                                         ngram_caps=ngram_caps)
+  engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len,
+                       tree=choice.shape if choice else None)
+  settings = {"drafter": drafter, "k": k_max, **tree_stats(choice, k_max, acceptance)}
   if drafter == "layerskip":
     settings["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
-  return Method(f"{drafter} k={k_max}", engine, d_params, k_max, settings)
+  label = f"{drafter} k={k_max}" if choice is None else f"{drafter} {choice.label}"
+  return Method(label, engine, d_params, k_max, settings)
 
 
 class Run(NamedTuple):
@@ -182,11 +190,26 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
   return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts}
 
 
+def _verify_mask_N1xN1(shape) -> tuple[np.ndarray, np.ndarray]:
+  """(region mask [N1, N1], depths [N1]) of the verify forward that ``time_draft_and_verify`` times.
+
+  A static tree (a chain included) gets its own ancestor mask, exactly what the engine verifies.  A dynamic
+  tree changes every step, so it is timed with the chain's (causal) mask over the same N+1 rows: a proxy,
+  as the forward's cost is set by the number of live rows, hardly by which tree slots each row sees."""
+  static = shape if isinstance(shape, tree_shapes.StaticTree) else tree_shapes.chain(shape.num_nodes)
+  N1 = static.num_nodes + 1
+  anc = np.eye(N1, dtype=bool)
+  for i in range(1, N1):
+    anc[i] |= anc[static.parents[i]]
+  return anc, np.asarray(static.depths, np.int32)
+
+
 def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int,
                           repeats: int = 9, timer: Timer | None = None) -> tuple[float, dict[int, float]]:
-  """Measured cost of one propose (all k_max draft tokens) and of one verify forward with 1, ..., k_max+1 live
-  rows, each timed alone (median), from the state right after prefill.  Caches are donated and fed back, as
-  in the loop, so no timing includes a copy of a KV buffer."""
+  """Measured cost of one propose (the engine's whole tree, or chain, of k_max = N draft nodes) and of one
+  verify forward with 1, ..., N+1 live rows under the tree's region mask (see ``_verify_mask_N1xN1``), each
+  timed alone (median), from the state right after prefill.  Caches are donated and fed back, as in the
+  loop, so no timing includes a copy of a KV buffer."""
   timer = timer or Timer()
   B = arr.shape[0]
   K = engine.k_max
@@ -194,19 +217,21 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
   state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len),
                   *jax.device_put((arr, lens, np.full((B,), 2, np.int32))), jax.random.PRNGKey(0))
   lengths = state.cache.lengths
+  mask_N1xN1, depth_N1 = _verify_mask_N1xN1(engine.shape)
 
   @functools.partial(jax.jit, donate_argnums=(1,))
   def propose(dp, draft_state, seq_BxS, last_B):
-    new_state, toks, _, _ = engine.drafter.propose(dp, draft_state, seq_BxS, lengths, last_B, K,
-                                                   jax.random.PRNGKey(1), engine.sp)
-    return new_state, toks
+    new_state, d = engine.drafter.propose(dp, draft_state, seq_BxS, lengths, last_B, engine.shape,
+                                          jax.random.PRNGKey(1), engine.sp)
+    return new_state, d.tokens_BxN1
 
   @functools.partial(jax.jit, donate_argnums=(1,))
   def verify(tp, cache, last_B, rows):
     toks = jnp.concatenate([last_B[:, None], jnp.zeros((B, K), jnp.int32)], axis=1)
-    pos = lengths[:, None] + jnp.arange(K + 1)[None, :]
+    pos = lengths[:, None] + jnp.asarray(depth_N1)[None, :]
+    mask = jnp.broadcast_to(jnp.asarray(mask_N1xN1), (B, K + 1, K + 1))
     out = decode.windowed_forward(tp, engine.cfg, toks, pos, cache.with_lengths(lengths),
-                                  buckets=engine.buckets, live_T=rows)
+                                  buckets=engine.buckets, live_T=rows, region_mask_BxTxU=mask)
     return out.cache, out.logits
 
   seq, last = state.seq_BxS, state.last_B
@@ -255,8 +280,8 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
             draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
             log=print, timer: Timer | None = None) -> tuple[dict, list[dict]]:
   """Plain decoding and each speculative setting in ``specs`` (``speculative_method`` keyword dicts, e.g.
-  ``{"drafter": "ngram", "k": 5}``) on the same batches, interleaved prompt by prompt (``paired``), ``repeats``
-  times; the read bandwidth probed before and after.
+  ``{"drafter": "ngram", "k": 5}`` or ``{"drafter": "ngram", "tree": "branch:2,2"}``) on the same batches,
+  interleaved prompt by prompt (``paired``), ``repeats`` times; the read bandwidth probed before and after.
 
   Returns (autoregressive results with the roofline, one result dict per spec): totals as before (tokens/s
   over all runs, speedup = ratio of totals), the paired statistics of ``paired.summarize``, acceptance
@@ -309,6 +334,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     results.append({
         **method.settings, "spec_tokens_per_s": float(toks[i].sum() / secs[i].sum()), **stats, **metrics,
         "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
+        "verify_ms_full": t_by_width[method.k_max + 1] * 1e3,     # all N+1 rows live: the tree's cost
         "verify_ms_by_rows": {str(w): t * 1e3 for w, t in t_by_width.items()},
         "spec_iteration_ms": float(secs[i, 0].sum()) / max(1, metrics["iterations"]) * 1e3,
         "predicted_speedup": predicted, "efficiency": stats["speedup"] / predicted})
@@ -320,11 +346,13 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
           max_len: int = 2048, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
-          ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, log=print) -> dict:
+          ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
+          log=print) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
   if repeats < 1:
     raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
+  resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)     # a bad tree fails before any decoding
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
@@ -338,7 +366,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
             "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": machine.describe()}
   log(f"[bench] machine: {machine.short(result['machine'])}")
   specs = [] if drafter == "none" else [
-      {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps}]
+      {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
+       "tree": tree, "acceptance": acceptance}]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer)

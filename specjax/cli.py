@@ -45,10 +45,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                  help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
 
 
-def _add_drafter(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--drafter", default="none", help="none | ngram | layerskip | model")
+def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none") -> None:
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model")
   p.add_argument("--draft", default=None, help="draft model for --drafter model (same tokenizer as --model)")
-  p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step")
+  if trees:
+    p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
+    p.add_argument("--tree", default=None,
+                   help="token tree of N draft nodes instead of the chain of --k: chain:K, branch:W1,W2,..., "
+                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK]")
+    p.add_argument("--acceptance", default=None,
+                   help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram")
   p.add_argument("--ngram-caps", default="1,3",
                  help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
@@ -105,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
                       "order alternating; blocked: all plain decoding, then all speculative (for comparison)")
   _add_drafter(b)
   b.add_argument("--json", action="store_true")
+
+  a = sub.add_parser("acceptance-vector",
+                     help="per-rank acceptance vector of a target/drafter pair (for --tree sequoia:N)")
+  _add_model(a)
+  a.add_argument("--prompts", default="specjax-prompts")
+  a.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
+  a.add_argument("--limit", type=int, help="use only the first N prompts")
+  a.add_argument("--ranks", type=int, default=8, help="drafter choices measured per step (default 8)")
+  a.add_argument("--max-new-tokens", type=int, default=64)
+  a.add_argument("--batch-size", type=int, default=1)
+  _add_drafter(a, trees=False, default="ngram")
+  a.add_argument("--out", default=None, help="write the JSON here (read back by --acceptance FILE)")
+  a.add_argument("--json", action="store_true")
 
   r = sub.add_parser("run", help="run an experiment bound in a gin file")
   r.add_argument("config", nargs="+", help="one or more .gin files")
@@ -164,7 +183,18 @@ def _ngram_caps(text: str) -> tuple[int, ...]:
 
 def _drafter_kwargs(args) -> dict:
   return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers,
-          "ngram_caps": _ngram_caps(args.ngram_caps)}
+          "ngram_caps": _ngram_caps(args.ngram_caps), "tree": args.tree, "acceptance": args.acceptance}
+
+
+def _check_drafter(args) -> None:
+  """Everything about the drafter and the tree that can fail without a model: before any loading."""
+  from specjax import api
+  from specjax.errors import SpecjaxError
+  if args.drafter not in api.DRAFTERS:
+    raise SpecjaxError(f"unknown drafter '{args.drafter}': choose one of {', '.join(api.DRAFTERS)}")
+  _ngram_caps(args.ngram_caps)
+  if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
+    api.resolve_tree(args.tree, args.acceptance, drafter=args.drafter, max_len=_max_len(args))
 
 
 def _max_len(args) -> int:
@@ -183,6 +213,7 @@ def _executables() -> dict:
 def cmd_generate(args) -> int:
   from specjax import api
   from specjax.prompts import Prompt, load_prompts
+  _check_drafter(args)
   prompts = ([Prompt(0, "", args.prompt)] if args.prompt is not None
              else load_prompts(args.prompts, args.category, args.limit))
   m = _load(args)
@@ -230,10 +261,7 @@ def cmd_tokenize(args) -> int:
 def cmd_bench(args) -> int:
   from specjax import bench
   from specjax.prompts import load_prompts
-  from specjax.api import DRAFTERS
-  from specjax.errors import SpecjaxError
-  if args.drafter not in DRAFTERS:
-    raise SpecjaxError(f"unknown drafter '{args.drafter}': choose one of {', '.join(DRAFTERS)}")
+  _check_drafter(args)
   prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
   m = _load(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
@@ -249,8 +277,37 @@ def cmd_bench(args) -> int:
       print(f"speedup: median {r['speedup_median']:.3f} (95% CI {lo:.3f}-{hi:.3f}, IQR "
             f"{r['speedup_iqr'][0]:.3f}-{r['speedup_iqr'][1]:.3f}) over {r['prompts']} prompts x "
             f"{r['repeats']} repeat(s); ratio of totals {r['speedup']:.3f}")
-    if "acceptance_by_position" in r:
-      print("acceptance by position: " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]))
+    if "acceptance_by_depth" in r:
+      print(f"tree {r['tree']} ({r['nodes']} nodes), acceptance by depth: "
+            + " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]))
+  _emit(res, args.json, human)
+  return 0
+
+
+def cmd_acceptance_vector(args) -> int:
+  from specjax import api
+  from specjax.errors import SpecjaxError
+  from specjax.prompts import load_prompts
+  _check_drafter(args)
+  if args.drafter == "none":
+    raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
+  if args.ranks < 1:
+    raise SpecjaxError(f"--ranks must be >= 1, got {args.ranks}")
+  prompts = load_prompts(args.prompts, args.category, args.limit)
+  m = _load(args)
+  res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks,
+                              max_new_tokens=args.max_new_tokens, max_len=_max_len(args),
+                              batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,
+                              draft=_load_draft(args), ngram_caps=_ngram_caps(args.ngram_caps), progress=True)
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump(res, f, indent=2, default=_json_default)
+    _log(f"[specjax] acceptance vector written to {args.out}")
+
+  def human(r):
+    print(f"acceptance vector of {r['drafter']} on {r['model']} over {r['iterations']} iterations "
+          f"({r['prompts']} prompts):")
+    print(" ".join(f"{a:.3f}" for a in r["acceptance_vector"]))
   _emit(res, args.json, human)
   return 0
 
@@ -258,6 +315,8 @@ def cmd_bench(args) -> int:
 def cmd_run(args) -> int:
   from specjax import runner
   result, out_dir = runner.run_from_files(args.config, args.gin_binding, args.out, log=_log)
+  from specjax.report import write_json_files
+  write_json_files(result.get("files", {}), out_dir)
   if args.json:
     _emit(result, True, None)
   else:
@@ -306,7 +365,7 @@ def cmd_cache(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
-            "run": cmd_run, "models": cmd_models, "cache": cmd_cache}
+            "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models, "cache": cmd_cache}
 
 
 def _error(line: str) -> None:

@@ -43,3 +43,13 @@ def write_csv(rows: Sequence[dict], path: Path) -> None:
     w.writeheader()
     for r in rows:
       w.writerow({c: (_fmt(r[c]) if isinstance(r.get(c), (list, tuple)) else r.get(c, "")) for c in cols})
+
+
+def write_json_files(files: dict[str, Any], out_dir: Path) -> None:
+  """Extra JSON files an experiment returns under ``"files"`` (name -> object), written into its run
+  directory (e.g. the acceptance vector a tree experiment measured, for ``--acceptance FILE``)."""
+  import json
+  for name, obj in files.items():
+    if Path(name).name != name:
+      raise ValueError(f"experiment file name '{name}' must be a plain file name, without directories")
+    (Path(out_dir) / name).write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")

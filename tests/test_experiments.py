@@ -14,3 +14,16 @@ def test_default_candidates_are_distinct_valid_subsets():
   assert len(cands) == len(set(cands)) >= 5
   for c in cands:
     assert 0 < len(c) < 30 and list(c) == sorted(set(c)) and all(0 <= i < 30 for i in c)
+
+
+def test_tree_shape_specs_parse_with_the_budget():
+  from experiments.tree_shapes import SHAPES, branch_widths, tree_spec
+  from specjax.speculative.tree_shapes import branching_num_nodes, parse_tree_spec
+  for n in (1, 2, 3, 4, 8, 16, 32, 33):
+    assert 0 < branching_num_nodes(branch_widths(n)) <= n
+    for shape in SHAPES:
+      spec = parse_tree_spec(tree_spec(shape, n))
+      assert spec.kind == shape and spec.num_nodes <= n
+  for n in (2, 4, 8, 16, 32):                  # the default budgets: every shape spends exactly n nodes
+    assert branching_num_nodes(branch_widths(n)) == n
+  assert branch_widths(16) == (4, 1, 1, 1)

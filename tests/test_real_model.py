@@ -82,3 +82,23 @@ def test_speculative_greedy_equals_plain_greedy_on_real_model(smollm):
                                    draft_layers=layers)
     assert [o.token_ids for o in outs] == [b.token_ids for b in base], drafter
     assert stats["drafted_tokens"] > 0
+
+
+def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm, tmp_path):
+  """20 prompts, every tree shape (n-gram trees; layer-skip on two shapes): the same tokens as plain greedy."""
+  import json as json_lib
+  from specjax.prompts import load_prompts
+  prompts = load_prompts()[:20]
+  acc = tmp_path / "acc.json"
+  acc.write_text(json_lib.dumps({"acceptance_vector": [0.5, 0.15, 0.08, 0.05]}))
+  paths = tmp_path / "paths.json"
+  paths.write_text(json_lib.dumps([[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]))
+  kw = dict(max_new_tokens=24, batch_size=20)
+  base = [o.token_ids for o in specjax.generate(smollm, prompts, **kw)[0]]
+  runs = [("ngram", t) for t in ("chain:4", "branch:3,2,1", f"paths:{paths}", "sequoia:8:4", "dynamic:8:2")]
+  runs += [("layerskip", "sequoia:6:3"), ("layerskip", "dynamic:6:2")]
+  for drafter, tree in runs:
+    outs, stats = specjax.generate(smollm, prompts, drafter=drafter, tree=tree, acceptance=str(acc),
+                                   draft_layers="0,1,2,3,26,27,28,29" if drafter == "layerskip" else None, **kw)
+    assert [o.token_ids for o in outs] == base, (drafter, tree)
+    assert stats["drafted_tokens"] > 0
