@@ -352,7 +352,11 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
   if repeats < 1:
     raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
-  resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)     # a bad tree fails before any decoding
+  trees = list(tree) if isinstance(tree, (list, tuple)) else [tree]
+  # With several trees one acceptance vector serves the static ones (a dynamic tree has no use for it).
+  acc_for = lambda t: None if len(trees) > 1 and str(t).startswith("dynamic") else acceptance  # noqa: E731
+  for t in trees:                    # a bad tree fails before any decoding
+    resolve_tree(t, acc_for(t), drafter=drafter, max_len=max_len)
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
@@ -367,13 +371,15 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   log(f"[bench] machine: {machine.short(result['machine'])}")
   specs = [] if drafter == "none" else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
-       "tree": tree, "acceptance": acceptance}]
+       "tree": t, "acceptance": acc_for(t)} for t in trees]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer)
   result.update(ar)
-  for r in spec_results:
-    result.update(r)
+  if spec_results:
+    result.update(spec_results[0])     # one drafter setting: its keys at the top level, as always
+  if len(spec_results) > 1:
+    result["methods"] = spec_results  # several trees compared in the same run
   wall = time.perf_counter() - t_start
   load_s = m.load_s + (draft.load_s if draft is not None else 0.0)
   result.update(load_s=load_s, **timer.as_dict(), bench_s=wall)

@@ -45,14 +45,16 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                  help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
 
 
-def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none") -> None:
+def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
+                 many_trees: bool = False) -> None:
   p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model")
   p.add_argument("--draft", default=None, help="draft model for --drafter model (same tokenizer as --model)")
   if trees:
     p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
-    p.add_argument("--tree", default=None,
+    p.add_argument("--tree", default=None, action="append" if many_trees else "store",
                    help="token tree of N draft nodes instead of the chain of --k: chain:K, branch:W1,W2,..., "
-                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK]")
+                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK]"
+                        + ("; repeat it to compare several trees in the same run" if many_trees else ""))
     p.add_argument("--acceptance", default=None,
                    help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram")
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--schedule", choices=["paired", "blocked"], default="paired",
                  help="paired (default): each prompt decoded plainly and speculatively back to back, the "
                       "order alternating; blocked: all plain decoding, then all speculative (for comparison)")
-  _add_drafter(b)
+  _add_drafter(b, many_trees=True)
   b.add_argument("--json", action="store_true")
 
   a = sub.add_parser("acceptance-vector",
@@ -194,7 +196,10 @@ def _check_drafter(args) -> None:
     raise SpecjaxError(f"unknown drafter '{args.drafter}': choose one of {', '.join(api.DRAFTERS)}")
   _ngram_caps(args.ngram_caps)
   if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
-    api.resolve_tree(args.tree, args.acceptance, drafter=args.drafter, max_len=_max_len(args))
+    trees = args.tree if isinstance(args.tree, list) else [args.tree]
+    for tree in trees:
+      acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else args.acceptance
+      api.resolve_tree(tree, acc, drafter=args.drafter, max_len=_max_len(args))
 
 
 def _max_len(args) -> int:
@@ -277,9 +282,11 @@ def cmd_bench(args) -> int:
       print(f"speedup: median {r['speedup_median']:.3f} (95% CI {lo:.3f}-{hi:.3f}, IQR "
             f"{r['speedup_iqr'][0]:.3f}-{r['speedup_iqr'][1]:.3f}) over {r['prompts']} prompts x "
             f"{r['repeats']} repeat(s); ratio of totals {r['speedup']:.3f}")
-    if "acceptance_by_depth" in r:
-      print(f"tree {r['tree']} ({r['nodes']} nodes), acceptance by depth: "
-            + " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]))
+    for t in r.get("methods", [r]):
+      if "acceptance_by_depth" in t:
+        print(f"tree {t['tree']} ({t['nodes']} nodes): speedup {t['speedup']:.3f}, median "
+              f"{t.get('speedup_median', t['speedup']):.3f}, τ {t['mean_accepted_length']:.3f}, acceptance by "
+              "depth " + " ".join(f"{a:.2f}" for a in t["acceptance_by_depth"]))
   _emit(res, args.json, human)
   return 0
 
