@@ -197,11 +197,7 @@ def _verify_mask_N1xN1(shape) -> tuple[np.ndarray, np.ndarray]:
   tree changes every step, so it is timed with the chain's (causal) mask over the same N+1 rows: a proxy,
   as the forward's cost is set by the number of live rows, hardly by which tree slots each row sees."""
   static = shape if isinstance(shape, tree_shapes.StaticTree) else tree_shapes.chain(shape.num_nodes)
-  N1 = static.num_nodes + 1
-  anc = np.eye(N1, dtype=bool)
-  for i in range(1, N1):
-    anc[i] |= anc[static.parents[i]]
-  return anc, np.asarray(static.depths, np.int32)
+  return static.ancestors(), np.asarray(static.depths, np.int32)
 
 
 def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int,

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import decode, sampling
-from specjax import model as model_lib
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache, compact, init_cache
 from specjax.speculative import tree_shapes
@@ -49,6 +48,9 @@ class DynamicShape:
   def __post_init__(self):
     if self.num_nodes < 1 or self.top_k < 1 or self.max_depth < 1:
       raise ValueError(f"dynamic tree needs N, TOPK and depth >= 1, got {self}")
+    if self.num_nodes > self.candidates:
+      raise ValueError(f"dynamic tree of {self.num_nodes} nodes scores only {self.candidates} candidates "
+                       f"(TOPK {self.top_k}, depth {self.max_depth}): raise TOPK or the depth")
 
   @property
   def candidates(self) -> int:   # draft nodes scored before the best num_nodes are kept
@@ -58,9 +60,7 @@ class DynamicShape:
 def shape_for(spec, acc=None):
   """The engine's shape for a ``TreeSpec`` (static trees built now; dynamic ones described)."""
   if spec.kind == "dynamic":
-    depth = min(spec.max_depth, spec.num_nodes)
-    shape = DynamicShape(spec.num_nodes, spec.top_k, depth)
-    return shape
+    return DynamicShape(spec.num_nodes, spec.top_k, min(spec.max_depth, spec.num_nodes))
   return spec.build(acc)
 
 
@@ -77,15 +77,6 @@ def _static_draft(shape, tokens_BxN1, valid_BxN1=None, q=None, slots=None) -> Dr
   parents = jnp.broadcast_to(jnp.asarray(shape.parents, jnp.int32), (B, N1))
   valid = jnp.ones((B, N1), bool) if valid_BxN1 is None else valid_BxN1
   return Draft(tokens_BxN1, parents, valid, q, slots)
-
-
-def _ancestors(parents) -> np.ndarray:
-  """[N1, N1] bool for a static tree: anc[i, j] = j is i or an ancestor of i."""
-  N1 = len(parents)
-  anc = np.eye(N1, dtype=bool)
-  for i in range(1, N1):
-    anc[i] |= anc[parents[i]]
-  return anc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +146,7 @@ class ModelDrafter:
       return self._propose_dynamic(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
     B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
     parents, ranks, depths = np.asarray(shape.parents), np.asarray(shape.ranks), np.asarray(shape.depths)
-    anc = _ancestors(shape.parents)
+    anc = shape.ancestors()
     logits, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
     logits_BxWxV = logits[:, None]
     expanding = [0]                                    # nodes whose logits are in logits_BxWxV

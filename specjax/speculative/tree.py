@@ -144,7 +144,6 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   key_u, key_s = jax.random.split(key)
   u_BxN1 = jax.random.uniform(key_u, (B, N1))
   deterministic = q_BxN1xV is None
-  q_all = p_all if deterministic else q_BxN1xV                     # (unused when deterministic)
   rows = jnp.arange(B)
 
   def body(carry, xs):
@@ -168,13 +167,14 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
       q_rej, has_mass = _normalise(q.at[rows, tok].set(0.0))
       q_rej = jnp.where(has_mass[:, None], q_rej, q)
     p = jnp.where(accept[:, None], p_i, jnp.where(reject[:, None], p_rej, p))
-    q = jnp.where(accept[:, None], q_i, jnp.where(reject[:, None], q_rej, q))
+    if not deterministic:
+      q = jnp.where(accept[:, None], q_i, jnp.where(reject[:, None], q_rej, q))
     return (jnp.where(accept, i, cur), p, q), accept
 
   xs = (jnp.arange(1, N1, dtype=jnp.int32), tree.tokens_BxN1[:, 1:].T, tree.parents_BxN1[:, 1:].T,
         tree.valid_BxN1[:, 1:].T, u_BxN1[:, 1:].T, jnp.swapaxes(p_all[:, 1:], 0, 1),
-        jnp.swapaxes(q_all[:, 1:], 0, 1))
-  init = (jnp.zeros((B,), jnp.int32), p_all[:, 0], q_all[:, 0])
+        None if deterministic else jnp.swapaxes(q_BxN1xV[:, 1:], 0, 1))   # point masses carry no q
+  init = (jnp.zeros((B,), jnp.int32), p_all[:, 0], None if deterministic else q_BxN1xV[:, 0])
   (leaf, p, _), _ = jax.lax.scan(body, init, xs)
   logits = jnp.where(p > 0, jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf)
   nxt = jax.random.categorical(key_s, logits, axis=-1).astype(jnp.int32)

@@ -103,6 +103,13 @@ class StaticTree:
       w[d - 1] += 1
     return tuple(w)
 
+  def ancestors(self) -> np.ndarray:
+    """[N1, N1] bool: anc[i, j] = j is i or an ancestor of i (the tree's attention mask over its own slots)."""
+    anc = np.eye(self.num_nodes + 1, dtype=bool)
+    for i in range(1, self.num_nodes + 1):
+      anc[i] |= anc[self.parents[i]]
+    return anc
+
   def paths(self) -> tuple[Path, ...]:
     """Rank path of every draft node (node i -> paths()[i-1]): the Medusa format ``from_paths`` reads back."""
     out: list[Path] = [()]
