@@ -154,7 +154,7 @@ def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, pad_to: int
   return arr, np.array([len(r) for r in rows], np.int32)
 
 
-DRAFTERS = ("none", "ngram", "layerskip", "model")
+DRAFTERS = ("none", "ngram", "layerskip", "model", "eagle")
 # Draft at most 1 token after a 1-token n-gram match and 3 after a 2-token one (k after longer matches).
 # Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
 DEFAULT_NGRAM_CAPS = (1, 3)
@@ -174,9 +174,12 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
 
 
 def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
-                  draft: Model | None = None, max_len: int = DEFAULT_MAX_LEN,
-                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS):
+                  draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
+                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None):
   """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
+
+  ``draft``: the draft model (``model``) or a trained drafter's directory (``eagle``).  ``depth``: the
+  deepest tree node drafted (default k, a chain).
 
   ``ngram_caps``: proposals allowed after an n-gram match of only 1, 2, ... tokens (see ``NgramDrafter``);
   ``None`` or ``()`` drafts k after any match."""
@@ -202,10 +205,27 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
     cfg = m.cfg.replace(name=f"{m.cfg.name}-layers{'_'.join(map(str, layers))}", num_layers=len(layers))
     return (spec.ModelDrafter(cfg, name="layerskip", buckets=buckets),
             spec.layer_subset(m.exec_params, layers), k)
+  if drafter == "eagle":
+    return _eagle_drafter(m, draft, depth or k, buckets) + (k,)
   if draft is None:
     raise SpecjaxError("drafter 'model' needs a draft model: pass --draft MODEL")
   check_same_vocabulary(m, draft)
   return spec.ModelDrafter(draft.cfg, name="model", buckets=buckets), draft.exec_params, k
+
+
+def _eagle_drafter(m: Model, draft, depth: int, buckets):
+  """A trained feature drafter (a directory from ``specjax train``) for the target ``m``."""
+  from specjax.checkpoints import drafter_io
+  if draft is None or not isinstance(draft, (str, os.PathLike)):
+    raise SpecjaxError("drafter 'eagle' needs a trained drafter: pass --draft DIR (`specjax models` lists "
+                       "them; `specjax train configs/eagle_smollm2.gin` makes one)")
+  key = ("eagle-params", os.path.abspath(draft))
+  if key not in m._compiled:
+    ecfg, params, _ = drafter_io.load_drafter(draft, m.cfg, m.params, m.tokenizer, m.source)
+    exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
+    m._compiled[key] = (ecfg, exec_params)
+  ecfg, params = m._compiled[key]
+  return spec.EagleDrafter(ecfg.layer_cfg, name="eagle", buckets=buckets, ecfg=ecfg, max_depth=depth), params
 
 
 def check_same_vocabulary(target: Model, draft: Model) -> None:
@@ -408,6 +428,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
   drafter_obj, draft_params, k_max = build_drafter(
       m, drafter, k=choice.num_nodes if choice else k, ngram=ngram, draft_layers=draft_layers, draft=draft,
+      depth=choice.shape.max_depth if choice else None,
       max_len=max_len, ngram_caps=ngram_caps)
   encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
@@ -416,7 +437,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
-           "load_s": m.load_s + (draft.load_s if draft is not None else 0.0), "compile_s": 0.0,
+           "load_s": m.load_s + getattr(draft, "load_s", 0.0), "compile_s": 0.0,
            "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max,
            **tree_stats(choice, k_max, acceptance)}
   totals = None

@@ -131,6 +131,7 @@ def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int 
   choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
   d_obj, d_params, k_max = build_drafter(m, drafter, k=choice.num_nodes if choice else k, ngram=ngram,
                                          draft_layers=draft_layers, draft=draft, max_len=max_len,
+                                         depth=choice.shape.max_depth if choice else None,
                                          ngram_caps=ngram_caps)
   engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len,
                        tree=choice.shape if choice else None)
@@ -377,7 +378,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   if len(spec_results) > 1:
     result["methods"] = spec_results  # several trees compared in the same run
   wall = time.perf_counter() - t_start
-  load_s = m.load_s + (draft.load_s if draft is not None else 0.0)
+  load_s = m.load_s + getattr(draft, "load_s", 0.0)
   result.update(load_s=load_s, **timer.as_dict(), bench_s=wall)
   log(f"[bench] {wall:.1f}s after loading: compile {timer.compile_s:.1f}s "
       f"({100 * timer.compile_s / max(wall, 1e-9):.0f}%), prefill {timer.prefill_s:.1f}s, "

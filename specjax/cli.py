@@ -47,8 +47,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
                  many_trees: bool = False) -> None:
-  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model")
-  p.add_argument("--draft", default=None, help="draft model for --drafter model (same tokenizer as --model)")
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | eagle")
+  p.add_argument("--draft", default=None, help="--drafter model: a draft model (same tokenizer as --model); "
+                 "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
   if trees:
     p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
     p.add_argument("--tree", default=None, action="append" if many_trees else "store",
@@ -133,6 +134,31 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
   r.add_argument("--json", action="store_true")
 
+  tr = sub.add_parser("train", help="train a drafter with a gin config (data, training, export, evaluation)")
+  tr.add_argument("config", nargs="+", help="one or more .gin files, e.g. configs/eagle_smollm2.gin")
+  tr.add_argument("--gin-binding", action="append", default=[], help="e.g. 'train_eagle.steps = 200'")
+  tr.add_argument("--run-dir", default=None, help="run directory (default runs/<config name>)")
+  tr.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+  tr.add_argument("--json", action="store_true")
+
+  e = sub.add_parser("eval-draft", help="a trained drafter: 1 - TVD per position, measured acceptance under "
+                                        "sampling, and greedy speedup against plain decoding")
+  e.add_argument("--model", default="smollm2-135m")
+  e.add_argument("--dtype", default="float32")
+  e.add_argument("--drafter", default="eagle", choices=["eagle"])
+  e.add_argument("--draft", required=True, help="the drafter's directory")
+  e.add_argument("--prompts", default="specjax-prompts")
+  e.add_argument("--category", action="append", default=None)
+  e.add_argument("--limit", type=int, default=None)
+  e.add_argument("--per-category", type=int, default=None)
+  e.add_argument("--max-new-tokens", type=int, default=128)
+  e.add_argument("--max-len", type=int, default=None)
+  e.add_argument("--k", type=int, default=4)
+  e.add_argument("--tree", default=None)
+  e.add_argument("--temperature", type=float, default=1.0)
+  e.add_argument("--seed", type=int, default=0)
+  e.add_argument("--json", action="store_true")
+
   m = sub.add_parser("models", help="list known models and whether each is cached")
   m.add_argument("--json", action="store_true")
 
@@ -163,8 +189,15 @@ def _load_draft(args):
   from specjax.errors import SpecjaxError
   if args.drafter == "model" and not args.draft:
     raise SpecjaxError("--drafter model needs --draft MODEL (a small model sharing the target's tokenizer)")
-  if args.draft and args.drafter != "model":
-    raise SpecjaxError(f"--draft is only used with --drafter model (got --drafter {args.drafter})")
+  if args.draft and args.drafter not in ("model", "eagle"):
+    raise SpecjaxError(f"--draft is only used with --drafter model or eagle (got --drafter {args.drafter})")
+  if args.drafter == "eagle":
+    if not args.draft:
+      raise SpecjaxError("--drafter eagle needs --draft DIR (a trained drafter; `specjax models` lists them, "
+                         "`specjax train configs/eagle_smollm2.gin` makes one)")
+    from specjax.checkpoints import drafter_io
+    drafter_io.read_config(args.draft)      # a bad directory fails before the target loads
+    return args.draft
   if not args.draft:
     return None
   _log(f"[specjax] loading draft {args.draft}")
@@ -334,13 +367,48 @@ def cmd_run(args) -> int:
 
 
 def cmd_models(args) -> int:
-  from specjax.checkpoints import list_models
+  from specjax.checkpoints import drafter_io, list_models
   rows = list_models()
+  drafters = drafter_io.list_drafters()
 
   def human(rs):
     from specjax.report import print_table
     print_table(rs, title="models")
-  _emit({"models": rows}, args.json, lambda o: human(rows))
+    if drafters:
+      print_table(drafters, title="trained drafters")
+  _emit({"models": rows, "drafters": drafters}, args.json, lambda o: human(rows))
+  return 0
+
+
+def cmd_train(args) -> int:
+  from specjax import runner
+  summary = runner.train_from_files(args.config, args.gin_binding, args.run_dir, args.resume)
+
+  def human(s):
+    print(f"drafter: {s['drafter']}  (train {s['train_s']:.0f}s, {s['steps']} steps, "
+          f"{s['data_tokens']} tokens of data)")
+    if "tvd_acceptance_by_position" in s:
+      print("held-out 1 - TVD by position: " + " ".join(f"{a:.3f}" for a in s["tvd_acceptance_by_position"]))
+  _emit(summary, args.json, human)
+  return 0
+
+
+def cmd_eval_draft(args) -> int:
+  from specjax.checkpoints import drafter_io
+  from specjax.prompts import load_prompts
+  from specjax.training import evaluate
+  drafter_io.read_config(args.draft)
+  prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
+  m = _load(args)
+  res = evaluate.eval_draft(m, args.draft, prompts, k=args.k, tree=args.tree, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, seed=args.seed, max_len=_max_len(args), log=_log)
+
+  def human(r):
+    f = lambda xs: " ".join(f"{x:.3f}" for x in xs)
+    print(f"1 - TVD by position:          {f(r['tvd_acceptance_by_position'])}")
+    print(f"measured (T={r['temperature']}) by position: {f(r['measured_acceptance_by_position'])}")
+    print(f"greedy: τ {r['mean_accepted_length']:.3f}, speedup {r['speedup']:.3f}")
+  _emit(res, args.json, human)
   return 0
 
 
@@ -372,7 +440,8 @@ def cmd_cache(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
-            "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models, "cache": cmd_cache}
+            "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
+            "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache}
 
 
 def _error(line: str) -> None:

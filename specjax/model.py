@@ -43,6 +43,7 @@ class ForwardOutput(NamedTuple):
   logits: jax.Array   # [B, T, V] float32
   hidden: jax.Array   # [B, T, D] final hidden states (after the final norm)
   cache: KVCache      # k/v written at lengths..lengths+T-1; lengths advanced by T
+  features: jax.Array | None = None   # [B, T, F] with ``feature_layers``: what a feature drafter reads
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -296,7 +297,9 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
             cache: KVCache, extra_mask_BxTxT: jax.Array | None = None,
             kv_window: int | None = None, head_index_B: jax.Array | None = None,
             kv_buckets: tuple[int, ...] | None = None, live_T: jax.Array | None = None,
-            region_mask_BxTxU: jax.Array | None = None, slots_BxT: jax.Array | None = None) -> ForwardOutput:
+            region_mask_BxTxU: jax.Array | None = None, slots_BxT: jax.Array | None = None,
+            feature_layers: tuple[int, ...] | None = None,
+            inputs_embeds_BxTxD: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   Args:
@@ -319,8 +322,14 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
       whose later draft slots are empty this step).  The native CPU kernels skip the others, so the step
       costs what live_T tokens cost; their logits are zero (XLA paths compute and zero them) and their KV
       entries, written past the committed length, are garbage that later steps overwrite.
+    feature_layers: static; also return ``features`` [B, T, F] for every new token (before ``head_index_B``
+      picks one): ``()`` = the final hidden state (after the final norm, F = D: EAGLE's feature); layer
+      indices = the residual stream after each of those layers, concatenated (F = D x count: EAGLE-3's
+      fused low, middle and high features).
+    inputs_embeds_BxTxD: the first layer's input instead of the tokens' embeddings (a feature drafter's
+      projection of [embedding; feature]); ``tokens_BxT`` then only gives the shape.
   Returns:
-    ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T).
+    ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T, features or None).
   """
   B, T = tokens_BxT.shape
   H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -329,7 +338,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   dtype = params["embed"].dtype
   lengths = cache.lengths
 
-  x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0)
+  if inputs_embeds_BxTxD is None:
+    x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0)
+  else:
+    x_BxTxD = inputs_embeds_BxTxD.astype(dtype)
   cos, sin = rope_tables(cfg, positions_BxT)
   # Mask over the window: new slots are written in the region lengths..lengths+U-1 (< W by the caller's contract).
   region_BxTxU = region_mask(B, T, extra_mask_BxTxT, region_mask_BxTxU)
@@ -372,20 +384,31 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
     gate, up = jnp.split(linear(h, lp["w_gate_up"], live_T), 2, axis=-1)
     x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"], live_T)
-    return (x_BxTxD, k_all, v_all), None
+    return (x_BxTxD, k_all, v_all), x_BxTxD if taps else None
 
+  taps = tuple(feature_layers or ())
+  if any(not 0 <= i < cfg.num_layers for i in taps):
+    raise ValueError(f"feature_layers {taps} outside the model's {cfg.num_layers} layers")
   carry = (x_BxTxD, cache.k, cache.v)
   if isinstance(params["layers"], (list, tuple)):   # unstacked layout (see unstack_layers)
+    outs = []
     for layer, lp in enumerate(params["layers"]):
-      carry, _ = layer_fn(carry, (lp, layer))
+      carry, y = layer_fn(carry, (lp, layer))
+      outs.append(y)
+    tapped = [outs[i] for i in taps]
   else:
-    carry, _ = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(cfg.num_layers)))
+    carry, ys = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(cfg.num_layers)))
+    tapped = [ys[i] for i in taps]
   x_BxTxD, k_all, v_all = carry
+  features = None
+  if feature_layers is not None:
+    features = (jnp.concatenate(tapped, axis=-1) if taps
+                else rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps))
   if head_index_B is not None:
     x_BxTxD = jnp.take_along_axis(x_BxTxD, head_index_B[:, None, None], axis=1)
   hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
   logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T)
-  return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T))
+  return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T), features)
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None) -> jax.Array:

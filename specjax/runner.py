@@ -18,6 +18,7 @@ import gin
 from specjax.errors import ConfigError
 
 _CONFIGURABLE_RUN: Callable | None = None
+_CONFIGURABLE_TRAIN: Callable | None = None
 
 
 def experiment_registry() -> dict[str, Callable]:
@@ -25,13 +26,39 @@ def experiment_registry() -> dict[str, Callable]:
   return EXPERIMENTS
 
 
+def training_registry() -> dict[str, Callable]:
+  from specjax.training.recipes import train_eagle
+  return {"train_eagle": train_eagle}
+
+
 def _register() -> None:
-  global _CONFIGURABLE_RUN
+  global _CONFIGURABLE_RUN, _CONFIGURABLE_TRAIN
   if _CONFIGURABLE_RUN is not None:
     return
-  for name, fn in experiment_registry().items():
+  for name, fn in {**experiment_registry(), **training_registry()}.items():
     gin.external_configurable(fn, name=name)
   _CONFIGURABLE_RUN = gin.external_configurable(run_settings, name="run")
+  _CONFIGURABLE_TRAIN = gin.external_configurable(train_settings, name="train")
+
+
+def train_settings(recipe: Callable = gin.REQUIRED, name: str | None = None):
+  """What a training config binds at the top: ``train.recipe = @train_eagle`` and an optional run name."""
+  return recipe, name
+
+
+def train_from_files(config_files: list[str], bindings: list[str], run_dir: str | None, resume: bool):
+  """``specjax train``: the recipe bound in the config, run into ``run_dir`` (default runs/<name>); the
+  resolved config is saved there as config.gin."""
+  parse(config_files, bindings)
+  try:
+    recipe, name = _CONFIGURABLE_TRAIN()
+  except Exception as e:
+    raise ConfigError(f"invalid gin config: {e} (bind train.recipe = @train_eagle)") from e
+  name = name or Path(config_files[0]).stem
+  out_dir = Path(run_dir) if run_dir else Path("runs") / name
+  summary = recipe(run_dir=str(out_dir), resume=resume)
+  (out_dir / "config.gin").write_text(gin.config_str(), encoding="utf-8")
+  return summary
 
 
 def run_settings(experiment: Callable = gin.REQUIRED, name: str | None = None):
@@ -50,7 +77,8 @@ def parse(config_files: list[str], bindings: list[str]) -> None:
   except Exception as e:  # gin raises ValueError/KeyError/SyntaxError variants for unknown bindings
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"invalid gin config: {first} — check the binding names "
-                      f"(experiments: {', '.join(sorted(experiment_registry()))})") from e
+                      f"(experiments: {', '.join(sorted(experiment_registry()))}; training: "
+                      f"{', '.join(sorted(training_registry()))})") from e
 
 
 def run_from_files(config_files: list[str], bindings: list[str], out: str | None, log=print):

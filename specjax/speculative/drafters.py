@@ -123,21 +123,28 @@ class ModelDrafter:
   def forwards(self, shape) -> int:
     return shape.max_depth if shape.num_nodes else 0
 
-  def _root(self, params, cache: KVCache, seq_BxS, lengths_B, last_B):
-    """Forward [seq[len-1], last]: the root's draft logits [B, V], cache with lengths = lengths."""
+  def _root(self, params, state: KVCache, seq_BxS, lengths_B, last_B):
+    """Forward [seq[len-1], last]: (the root's draft logits [B, V], its feature [B, F] or None, the cache with
+    lengths = lengths)."""
+    cache = state
     prev_B = jnp.take_along_axis(seq_BxS, jnp.maximum(lengths_B - 1, 0)[:, None], axis=1)[:, 0]
     start = jnp.maximum(lengths_B - 1, 0)
     pos = start[:, None] + jnp.arange(2)[None, :]
     out = decode.windowed_forward(params, self.cfg, jnp.stack([prev_B, last_B], axis=1), pos,
                                   cache.with_lengths(start), buckets=self.buckets)
-    return out.logits[:, 1], out.cache.with_lengths(lengths_B)
+    return out.logits[:, 1], None, out.cache.with_lengths(lengths_B)
 
-  def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU):
-    """Forward W nodes at one depth, each written at its slot after the committed length."""
+  def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
+    """Forward W nodes at one depth, each written at its slot after the committed length: (logits [B,W,V],
+    their features [B,W,F] or None, cache).  ``parent_feat``: each node's parent's feature (feature drafters)."""
     pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
     out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
                                   region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW)
-    return out.logits, out.cache.with_lengths(cache.lengths)
+    return out.logits, None, out.cache.with_lengths(cache.lengths)
+
+  def _with_cache(self, state, cache: KVCache):
+    """The drafter state after a propose whose forwards left ``cache`` (a plain model's state is its cache)."""
+    return cache
 
   def propose(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, shape, key, sp):
     if shape.num_nodes == 0:
@@ -147,20 +154,25 @@ class ModelDrafter:
     B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
     parents, ranks, depths = np.asarray(shape.parents), np.asarray(shape.ranks), np.asarray(shape.depths)
     anc = shape.ancestors()
-    logits, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    logits, feat, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
     logits_BxWxV = logits[:, None]
     expanding = [0]                                    # nodes whose logits are in logits_BxWxV
     tokens = jnp.zeros((B, N1), jnp.int32).at[:, 0].set(last_B)
+    # Feature drafters: each node's own feature (its forward's output), read by its children's forward.
+    feats = None if feat is None else jnp.zeros((B, N1, feat.shape[-1]), feat.dtype).at[:, 0].set(feat)
     q_all = None if sp.greedy else jnp.zeros((B, N1, logits.shape[-1]), jnp.float32)
     keys = jax.random.split(key, shape.max_depth)
     for d in range(1, shape.max_depth + 1):
       if d > 1:
         expanding = sorted({int(parents[i]) for i in np.flatnonzero(depths == d)})
         W = len(expanding)
-        logits_BxWxV, cache = self._extend(
+        parent_feat = None if feats is None else feats[:, parents[expanding]]
+        logits_BxWxV, feat_W, cache = self._extend(
             draft_params, cache, tokens[:, expanding], d - 1,
             jnp.broadcast_to(jnp.asarray(expanding, jnp.int32), (B, W)),
-            jnp.broadcast_to(jnp.asarray(anc[expanding]), (B, W, N1)))
+            jnp.broadcast_to(jnp.asarray(anc[expanding]), (B, W, N1)), parent_feat)
+        if feats is not None:
+          feats = feats.at[:, expanding].set(feat_W)
       children = np.flatnonzero(depths == d)
       C = int(ranks[children].max()) + 1
       chosen_BxWxC, q = sample_children(keys[d - 1], logits_BxWxV, C, sp)
@@ -168,7 +180,7 @@ class ModelDrafter:
       tokens = tokens.at[:, children].set(chosen_BxWxC[:, row, ranks[children]])
       if q is not None:
         q_all = q_all.at[:, expanding].set(q)
-    return cache, _static_draft(shape, tokens, q=q_all)
+    return self._with_cache(state, cache), _static_draft(shape, tokens, q=q_all)
 
   def _propose_dynamic(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, shape: DynamicShape,
                        key, sp):
@@ -177,8 +189,10 @@ class ModelDrafter:
     choice is deterministic given the draft's logits, so acceptance treats the children as point masses."""
     B, k, D, N = seq_BxS.shape[0], shape.top_k, shape.max_depth, shape.num_nodes
     logprobs = lambda lg: jax.nn.log_softmax(lg if sp.greedy else sampling.filtered_logits(lg, sp), axis=-1)
-    logits, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    logits, root_feat, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
     score, tok = jax.lax.top_k(logprobs(logits), k)                                  # [B, k]
+    # Feature drafters: the frontier's parents' features (all the root's at depth 2).
+    front_feat = None if root_feat is None else jnp.broadcast_to(root_feat[:, None], (B, k, root_feat.shape[-1]))
     U = 1 + (D - 1) * k                             # draft slots: root, then k frontier nodes per depth
     cand_tok = [last_B[:, None], tok.astype(jnp.int32)]
     cand_score = [jnp.zeros((B, 1)), score]
@@ -194,7 +208,8 @@ class ModelDrafter:
       slots = jnp.broadcast_to(1 + (d - 2) * k + jnp.arange(k, dtype=jnp.int32), (B, k))
       front_anc = front_anc.at[rows_B1, rows_1k, slots].set(True)
       slot_of = slot_of.at[rows_B1, front_id].set(slots)
-      logits_BxkxV, cache = self._extend(draft_params, cache, front_tok, d - 1, slots, front_anc)
+      logits_BxkxV, feat_k, cache = self._extend(draft_params, cache, front_tok, d - 1, slots, front_anc,
+                                                 front_feat)
       lp, ctok = jax.lax.top_k(logprobs(logits_BxkxV), k)                             # [B, k, k]
       cscore = (front_score[:, :, None] + lp).reshape(B, k * k)
       cand_tok.append(ctok.reshape(B, k * k).astype(jnp.int32))
@@ -205,6 +220,8 @@ class ModelDrafter:
         front_id = n_cand + best.astype(jnp.int32)
         front_tok = jnp.take_along_axis(cand_tok[-1], best, axis=1)
         front_anc = jnp.take_along_axis(front_anc, (best // k)[:, :, None], axis=1)
+        if feat_k is not None:
+          front_feat = jnp.take_along_axis(feat_k, (best // k)[:, :, None], axis=1)
       n_cand += k * k
     tok_all = jnp.concatenate(cand_tok, axis=1)
     score_all = jnp.concatenate(cand_score, axis=1)
@@ -220,7 +237,7 @@ class ModelDrafter:
                                   axis=1).at[:, 0].set(-1)
     draft = Draft(jnp.take_along_axis(tok_all, chosen1, axis=1), parents, jnp.ones((B, N + 1), bool), None,
                   jnp.take_along_axis(slot_all, chosen1, axis=1))
-    return cache, draft
+    return self._with_cache(state, cache), draft
 
   def commit(self, state: KVCache, lengths_B, path_slots_BxD1, new_lengths_B):
     return compact(state, lengths_B, path_slots_BxD1).with_lengths(new_lengths_B)

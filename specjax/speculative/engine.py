@@ -99,8 +99,13 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   """Prefill target and drafter and sample the first token from the target."""
   B, P = prompt_BxP.shape
   S = cache.max_len
-  pre = decode.prefill(target_params, engine.cfg, cache, prompt_BxP, prompt_lens_B, engine.buckets)
-  draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
+  taps = _feature_layers(engine.drafter)
+  pre = decode.prefill(target_params, engine.cfg, cache, prompt_BxP, prompt_lens_B, engine.buckets,
+                       feature_layers=taps)
+  if taps is None:
+    draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
+  else:   # a feature drafter reads the target's features of the prompt
+    draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S, pre.features)
   key, sub = jax.random.split(key)
   tok = sampling.sample(pre.last_logits_BxV, sub, engine.sp)
   live = max_new_B > 0
@@ -119,6 +124,12 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
                    key=key, stats=stats)
+
+
+def _feature_layers(drafter):
+  """What a feature drafter (EAGLE) reads from the target's forwards (see ``model.forward``); None for the
+  others."""
+  return getattr(drafter, "feature_layers", None)
 
 
 def _is_chain(shape) -> bool:
@@ -147,9 +158,10 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   #    decoding step costs.  `rows` is data: changing it compiles nothing.
   node_ids = jnp.arange(N1)[None, :]
   rows = jnp.max(jnp.where(tree.valid_BxN1 & live[:, None], node_ids, 0)) + 1
+  taps = _feature_layers(engine.drafter)
   out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, lengths),
                                 cache, buckets=engine.buckets, live_T=rows,
-                                region_mask_BxTxU=tree_lib.region_mask(tree))
+                                region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=taps)
 
   # 3. Accept: a root-to-leaf path of n drafts, then the next token.
   acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, engine.sp,
@@ -183,7 +195,11 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
     new_cache = compact(new_cache, lengths, path)
   slots = d.slots_BxN1 if d.slots_BxN1 is not None else jnp.broadcast_to(node_ids, (B, N1)).astype(jnp.int32)
   path_slots = jnp.where(path >= 0, jnp.take_along_axis(slots, jnp.maximum(path, 0), axis=1), -1)
-  draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths)
+  if taps is None:
+    draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths)
+  else:   # the target's features along the accepted path (the root first) feed the drafter's next step
+    path_feats = jnp.take_along_axis(out.features, jnp.maximum(path, 0)[:, :, None], axis=1)
+    draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths, path_feats)
 
   st = state.stats
   live_i = live.astype(jnp.int32)

@@ -1,0 +1,225 @@
+"""EAGLE-style feature drafter: one decoder layer that autoregresses over the target's features.
+
+At position t the drafter reads the token x_t and the feature g_{t-1} that produced it, and predicts the
+next feature; the target's (frozen) LM head turns that into the next token's distribution:
+
+    input_t  = fc([embed(x_t) ; g_{t-1}])                    fc: [D, 2D]
+    h_t      = final_norm(layer(input_t, its own KV cache))   one Llama decoder layer (the project's own)
+    logits_t = head(h_t)                                     the target's head rows (all, or a reduced set)
+
+g is the target's feature where the target has run (prefill, and every verified token), else the drafter's
+own h (deeper tree nodes).  The target feature is either its final hidden state (EAGLE; F = D) or, EAGLE-3
+style, the residual stream after a low, a middle and a high layer, each RMS-normalised and fused by
+``fuse: [D, 3D]``.  Position 0 has no previous feature: g_{-1} = 0, in training and in the engine alike.
+
+A reduced draft vocabulary keeps only ``head_ids`` (the target tokens most frequent on the training data):
+the head costs Vr/V of the full one, and the drafter's logits are scattered back to target ids with every
+other token at a large negative value — under sampling q is exactly zero outside the set, so the rejection
+rule stays lossless.
+
+Parameters: trainable ``fc``, ``fuse`` (fused features only), ``layers`` (one stacked layer, the model's
+layout) and ``final_norm``; frozen, from the target: ``embed`` [V, D], ``lm_head`` [Vr, D] and, when reduced,
+``head_ids`` [Vr].
+
+In the engine (``EagleDrafter``) the state is the drafter's one-layer KV cache plus the target features of
+the tokens accepted by the last step, which the next propose feeds first (re-computing the accepted nodes'
+entries with the target's features instead of the drafter's guesses): no extra target pass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax import decode, model as model_lib
+from specjax.config import ModelConfig
+from specjax.kv_cache import KVCache, init_cache
+from specjax.speculative.drafters import ModelDrafter
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """Static description of a feature drafter for a given target (hashable)."""
+  target: ModelConfig
+  feature_layers: tuple[int, ...] = ()     # () = the target's final hidden state; else fused layer taps
+  vocab_size: int = 0                      # draft head rows; 0 = the target's vocabulary
+
+  @property
+  def head_size(self) -> int:
+    return self.vocab_size or self.target.vocab_size
+
+  @property
+  def reduced(self) -> bool:
+    return self.head_size != self.target.vocab_size
+
+  @property
+  def fused(self) -> bool:
+    return bool(self.feature_layers)
+
+  @property
+  def feature_dim(self) -> int:            # F: the width of the target feature it reads
+    return self.target.d_model * max(1, len(self.feature_layers))
+
+  @property
+  def layer_cfg(self) -> ModelConfig:
+    """The drafter as a one-layer model of the target's shape with an untied head of ``head_size`` rows."""
+    kind = f"fused{'_'.join(map(str, self.feature_layers))}" if self.fused else "final"
+    return self.target.replace(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
+                               vocab_size=self.head_size, tie_embeddings=False)
+
+  def to_dict(self) -> dict:
+    return {"feature_layers": list(self.feature_layers), "vocab_size": self.head_size,
+            "target_vocab_size": self.target.vocab_size, "d_model": self.target.d_model}
+
+
+def init_trainable(ecfg: EagleConfig, key: jax.Array) -> dict:
+  """Random trainable parameters (fc starts as [I ; I]-like: the embedding plus the feature)."""
+  D, F = ecfg.target.d_model, ecfg.feature_dim
+  k_layer, k_fc, k_fuse = jax.random.split(key, 3)
+  layer = model_lib.init_params(ecfg.layer_cfg.replace(vocab_size=8, tie_embeddings=True), k_layer)
+  eye = jnp.eye(D, dtype=jnp.float32)
+  fc = jnp.concatenate([eye, eye], axis=1) + jax.random.normal(k_fc, (D, 2 * D)) * (0.02 / math.sqrt(D))
+  params = {"fc": fc, "layers": layer["layers"], "final_norm": jnp.ones((D,), jnp.float32)}
+  # The layer's output projections start small, so the first steps pass the input through.
+  params["layers"]["wo"] = params["layers"]["wo"] * 0.1
+  params["layers"]["w_down"] = params["layers"]["w_down"] * 0.1
+  if ecfg.fused:
+    n = len(ecfg.feature_layers)
+    params["fuse"] = (jnp.tile(eye, (1, n)) / n
+                      + jax.random.normal(k_fuse, (D, F)) * (0.02 / math.sqrt(F)))
+  return params
+
+
+def frozen_from_target(ecfg: EagleConfig, target_params, head_ids=None) -> dict:
+  """The drafter's frozen part: the target's embedding and its head rows (``head_ids`` when reduced)."""
+  embed = target_params["embed"]
+  head = embed if ecfg.target.tie_embeddings else target_params["lm_head"]
+  out = {"embed": embed}
+  if ecfg.reduced:
+    if head_ids is None or len(head_ids) != ecfg.head_size:
+      raise ValueError(f"a reduced vocabulary of {ecfg.head_size} needs head_ids of that length")
+    ids = jnp.asarray(np.asarray(head_ids), jnp.int32)
+    out["lm_head"] = jnp.take(head, ids, axis=0)
+    out["head_ids"] = ids
+  else:
+    out["lm_head"] = head
+  return out
+
+
+def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
+  """A target feature in the drafter's width D: as is (final hidden state), or each tapped layer
+  RMS-normalised and fused by ``fuse``."""
+  if not ecfg.fused:
+    return feats_BxTxF
+  D, n = ecfg.target.d_model, len(ecfg.feature_layers)
+  parts = feats_BxTxF.reshape(*feats_BxTxF.shape[:-1], n, D).astype(jnp.float32)
+  parts = parts * jax.lax.rsqrt(jnp.mean(parts * parts, axis=-1, keepdims=True) + ecfg.target.norm_eps)
+  return jnp.einsum("...f,df->...d", parts.reshape(feats_BxTxF.shape), params["fuse"])
+
+
+def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array) -> jax.Array:
+  """fc([embed(x) ; g]) [B, T, D]."""
+  e = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32)
+  x = jnp.concatenate([e, g_BxTxD.astype(jnp.float32)], axis=-1)
+  B, T, _ = x.shape
+  return model_lib.linear(x, params["fc"])
+
+
+def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.Array:
+  """Draft logits over the target's vocabulary: a reduced head's rows scattered to their target ids, every
+  other token at ``model.MASK_VALUE`` (probability exactly 0 after softmax)."""
+  if not ecfg.reduced:
+    return logits_BxTxVr
+  full = jnp.full(logits_BxTxVr.shape[:-1] + (ecfg.target.vocab_size,), model_lib.MASK_VALUE, jnp.float32)
+  return full.at[..., params["head_ids"]].set(logits_BxTxVr)
+
+
+def previous_features(feats_BxTxF: jax.Array) -> jax.Array:
+  """g_{t-1} at every t (zero at t = 0)."""
+  return jnp.concatenate([jnp.zeros_like(feats_BxTxF[:, :1]), feats_BxTxF[:, :-1]], axis=1)
+
+
+@struct.dataclass
+class EagleState:
+  cache: KVCache          # the drafter's one-layer cache; entries before cache.lengths are final
+  feats_BxRxF: jax.Array  # target features g_{c-1}, g_c, ... of the tokens still to feed (c = cache.lengths)
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleDrafter(ModelDrafter):
+  """The feature drafter in the engine.  Tree drafting as ``ModelDrafter`` (one forward per depth over the
+  nodes with children); each forward's input is fc([embed(token) ; the parent node's feature]).
+
+  ``max_depth``: the deepest tree the engine drafts (the tokens one step can accept is max_depth + 1, which
+  sizes the pending-feature buffer)."""
+  ecfg: EagleConfig = None
+  max_depth: int = 1
+  name: str = "eagle"
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    """What the engine's target forwards must return as ``features`` for this drafter."""
+    return self.ecfg.feature_layers
+
+  @property
+  def pending(self) -> int:   # R
+    return self.max_depth + 1
+
+  def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len, target_features_BxPxF=None):
+    if target_features_BxPxF is None:
+      raise ValueError("the EAGLE drafter needs the target's prefill features")
+    B, P = prompt_BxP.shape
+    cache = init_cache(self.cfg, B, max_len, jnp.float32).with_lengths(jnp.zeros((B,), jnp.int32))
+    g = target_feature(draft_params, self.ecfg, previous_features(target_features_BxPxF))
+    x = input_proj(draft_params, prompt_BxP, g)
+    window = next((w for w in self.buckets if w >= P), self.buckets[-1]) if self.buckets else None
+    pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    out = model_lib.forward(draft_params, self.cfg, prompt_BxP, pos, cache, kv_window=window,
+                            head_index_B=prompt_lens_B - 1, inputs_embeds_BxTxD=x)
+    last_feat = jnp.take_along_axis(target_features_BxPxF, (prompt_lens_B - 1)[:, None, None], axis=1)
+    feats = jnp.zeros((B, self.pending, self.ecfg.feature_dim), jnp.float32).at[:, :1].set(last_feat)
+    return EagleState(cache=out.cache.with_lengths(prompt_lens_B), feats_BxRxF=feats)
+
+  def _root(self, params, state: EagleState, seq_BxS, lengths_B, last_B):
+    """Feed the pending tokens c..lengths with their target features; the last of them is the root."""
+    c = state.cache.lengths
+    S = seq_BxS.shape[1]
+    pos = c[:, None] + jnp.arange(self.pending, dtype=jnp.int32)[None, :]
+    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos, S - 1), axis=1)
+    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF))
+    out = decode.windowed_forward(params, self.cfg, tokens, pos, state.cache, buckets=self.buckets,
+                                  live_T=jnp.max(lengths_B - c) + 1, inputs_embeds_BxTxD=x,
+                                  head_index_B=lengths_B - c)
+    logits = to_target_vocab(params, self.ecfg, out.logits[:, 0])
+    return logits, out.hidden[:, 0], out.cache.with_lengths(lengths_B)
+
+  def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
+    pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
+    x = input_proj(params, tokens_BxW, parent_feat_BxWxF)
+    out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
+                                  region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW, inputs_embeds_BxTxD=x)
+    return to_target_vocab(params, self.ecfg, out.logits), out.hidden, out.cache.with_lengths(cache.lengths)
+
+  def _with_cache(self, state: EagleState, cache: KVCache):
+    return state.replace(cache=cache)
+
+  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):
+    if shape.num_nodes and shape.max_depth > self.max_depth:
+      raise ValueError(f"EAGLE drafter built for depth {self.max_depth}, tree has depth {shape.max_depth}")
+    return super().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
+
+  def commit(self, state: EagleState, lengths_B, path_slots_BxD1, new_lengths_B, path_features_BxD1xF=None):
+    """Keep the root's entry (it was fed with its target feature); the accepted nodes and the next token are
+    fed with their target features by the next propose."""
+    fed = new_lengths_B > lengths_B
+    R = self.pending
+    feats = path_features_BxD1xF[:, :R].astype(jnp.float32)
+    if feats.shape[1] < R:
+      feats = jnp.pad(feats, ((0, 0), (0, R - feats.shape[1]), (0, 0)))
+    c = jnp.where(fed, lengths_B + 1, state.cache.lengths)
+    return EagleState(cache=state.cache.with_lengths(c),
+                      feats_BxRxF=jnp.where(fed[:, None, None], feats, state.feats_BxRxF))

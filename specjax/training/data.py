@@ -1,0 +1,197 @@
+"""Distillation data: what the target says, and what it thinks while saying it, stored once on disk.
+
+Two stages, each resumable and each finished by an atomic rename (a half-written stage never looks done):
+
+  1. ``generate_responses``: the target answers every prompt with the project's batched decoding
+     (``api.generate``); one JSON line per prompt in ``responses.jsonl`` (prompt ids, response ids).  A killed
+     run continues after the last complete line.
+  2. ``compute_features``: one teacher-forced target pass over every prompt + response stores, per token,
+     the final hidden state (EAGLE's feature), the residual stream after a few layers (EAGLE-3's fused
+     features) and the target's top-k log-probabilities, in ``features/`` as flat memory-mappable arrays:
+
+       tokens.npy     int32 [T]          all sequences end to end
+       offsets.npy    int64 [S+1]        sequence s is tokens[offsets[s]:offsets[s+1]]
+       prompt_lens.npy int32 [S]         the first prompt_lens[s] tokens of sequence s are the prompt
+       final.npy      float16 [T, D]     the final hidden state at each token (after the final norm)
+       fused.npy      float16 [T, F]     residual stream after ``fused_layers``, concatenated
+       topk_ids.npy   int32 [T, K]       the target's K most likely next tokens at each position
+       topk_logp.npy  float16 [T, K]      and their log-probabilities
+       meta.json                          what made it (target, layers, counts); written last
+
+Any JSONL (``{"prompt": ...}`` or Spec-Bench records) or text file can be added to the prompts by path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.errors import SpecjaxError
+
+RESPONSES = "responses.jsonl"
+FEATURES = "features"
+
+
+def _progress():
+  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                             TimeRemainingColumn)
+  import rich.console
+  return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=rich.console.Console(stderr=True))
+
+
+def read_responses(path: Path) -> list[dict]:
+  """The complete records of a responses file (a last line cut by a kill is ignored, any other bad line is an
+  error naming it)."""
+  out = []
+  if not path.exists():
+    return out
+  lines = path.read_text(encoding="utf-8").split("\n")
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+      if not isinstance(rec.get("prompt_ids"), list) or not isinstance(rec.get("response_ids"), list):
+        raise ValueError("needs 'prompt_ids' and 'response_ids' lists")
+    except (json.JSONDecodeError, ValueError) as e:
+      if n == len(lines):     # the last line of a killed run: no newline after it
+        break
+      raise SpecjaxError(f"{path}:{n}: bad record ({e}); delete that line or the file to regenerate") from e
+    out.append(rec)
+  return out
+
+
+def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_new_tokens: int = 256,
+                       batch_size: int = 16, temperature: float = 0.0, seed: int = 0, max_len: int = 512,
+                       chunk: int | None = None) -> Path:
+  """Stage 1: the target's replies to ``prompts`` (``{"id", "prompt", ...}``) appended to responses.jsonl."""
+  from specjax import api
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  path = out_dir / RESPONSES
+  done_ids = {r["id"] for r in read_responses(path)}
+  if path.exists():                                  # drop a torn last line before appending
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+      path.write_text(text[:text.rfind("\n") + 1], encoding="utf-8")
+  todo = [p for p in prompts if p["id"] not in done_ids]
+  # Similar lengths together: fewer padding buckets, less padding.
+  enc = api.encode_prompts(m, [p["prompt"] for p in todo])
+  too_long = [i for i, e in enumerate(enc) if len(e) + max_new_tokens > max_len]
+  if too_long:
+    raise SpecjaxError(f"{len(too_long)} prompts do not fit {max_len} positions with {max_new_tokens} new "
+                       f"tokens (e.g. '{todo[too_long[0]]['prompt'][:60]}...'): raise max_len")
+  order = sorted(range(len(todo)), key=lambda i: len(enc[i]))
+  chunk = chunk or batch_size * 4
+  new_tokens = 0
+  t0 = time.perf_counter()
+  with _progress() as bar, path.open("a", encoding="utf-8") as f:
+    task = bar.add_task("target replies", total=len(prompts), completed=len(done_ids), info="")
+    for start in range(0, len(order), chunk):
+      idx = order[start:start + chunk]
+      gens, _ = api.generate(m, [todo[i]["prompt"] for i in idx], max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed + start, batch_size=batch_size,
+                             max_len=max_len)
+      lines = []
+      for i, g in zip(idx, gens):
+        rec = {"id": todo[i]["id"], "category": todo[i].get("category", ""), "prompt": todo[i]["prompt"],
+               "prompt_ids": enc[i], "response_ids": g.token_ids}
+        lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+        new_tokens += len(g.token_ids)
+      f.write("".join(lines))
+      f.flush()
+      rate = new_tokens / (time.perf_counter() - t0)
+      bar.update(task, advance=len(idx), info=f"{rate:.0f} tok/s")
+  return path
+
+
+def _pad_bucket(n: int) -> int:
+  return max(64, -(-n // 64) * 64)
+
+
+def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | None = None, top_k: int = 8,
+                     batch_size: int = 8) -> Path:
+  """Stage 2: a teacher-forced target pass over every stored sequence; arrays in ``features/``.
+
+  Written to ``features.tmp/`` and renamed when complete, so an existing ``features/`` is always whole."""
+  from specjax import model as model_lib
+  from specjax.kv_cache import init_cache
+  data_dir = Path(data_dir)
+  records = read_responses(data_dir / RESPONSES)
+  if not records:
+    raise SpecjaxError(f"no responses in {data_dir / RESPONSES}: run the generation stage first")
+  cfg = m.cfg
+  fused = tuple(fused_layers) if fused_layers is not None else default_fused_layers(cfg.num_layers)
+  seqs = [r["prompt_ids"] + r["response_ids"] for r in records]
+  lens = np.array([len(s) for s in seqs], np.int64)
+  offsets = np.concatenate([[0], np.cumsum(lens)])
+  T_all, D = int(offsets[-1]), cfg.d_model
+  tmp = data_dir / (FEATURES + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  mm = lambda name, dtype, shape: np.lib.format.open_memmap(tmp / name, "w+", dtype, shape)
+  tokens = mm("tokens.npy", np.int32, (T_all,))
+  final = mm("final.npy", np.float16, (T_all, D))
+  fusedf = mm("fused.npy", np.float16, (T_all, D * len(fused)))
+  top_ids = mm("topk_ids.npy", np.int32, (T_all, top_k))
+  top_lp = mm("topk_logp.npy", np.float16, (T_all, top_k))
+  np.save(tmp / "offsets.npy", offsets)
+  np.save(tmp / "prompt_lens.npy", np.array([len(r["prompt_ids"]) for r in records], np.int32))
+
+  @jax.jit
+  def run(params, toks_BxT):
+    B, T = toks_BxT.shape
+    cache = init_cache(cfg, B, T, jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    out = model_lib.forward(params, cfg, toks_BxT, pos, cache, feature_layers=fused)
+    lp, ids = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), top_k)
+    return out.hidden, out.features, ids, lp
+
+  order = np.argsort(lens)
+  biggest = 0.0
+  with _progress() as bar:
+    task = bar.add_task("target features", total=len(seqs), info="")
+    for start in range(0, len(order), batch_size):
+      idx = order[start:start + batch_size]
+      P = _pad_bucket(int(lens[idx].max()))
+      arr = np.zeros((batch_size, P), np.int32)
+      for row, s in enumerate(idx):
+        arr[row, :lens[s]] = seqs[s]
+      hid, feat, ids, lp = jax.device_get(run(m.prefill_params, jax.device_put(arr)))
+      biggest = max(biggest, float(np.abs(feat).max()), float(np.abs(hid).max()))
+      for row, s in enumerate(idx):
+        a, b, n = offsets[s], offsets[s + 1], lens[s]
+        tokens[a:b] = arr[row, :n]
+        final[a:b] = hid[row, :n]
+        fusedf[a:b] = feat[row, :n]
+        top_ids[a:b] = ids[row, :n]
+        top_lp[a:b] = lp[row, :n]
+      bar.update(task, advance=len(idx), info=f"{int(offsets[-1])} tokens")
+  if biggest > 6e4:
+    raise SpecjaxError(f"a feature reaches {biggest:.3g}, beyond float16: this target needs another storage "
+                       "dtype")
+  for arr in (tokens, final, fusedf, top_ids, top_lp):
+    arr.flush()
+  meta = {"target": m.source, "target_config": cfg.name, "d_model": D, "vocab_size": cfg.vocab_size,
+          "fused_layers": list(fused), "top_k": top_k, "sequences": len(seqs), "tokens": T_all,
+          "response_tokens": int(sum(len(r["response_ids"]) for r in records)), "max_abs_feature": biggest}
+  (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+  dest = data_dir / FEATURES
+  if dest.exists():
+    shutil.rmtree(dest)
+  os.replace(tmp, dest)
+  return dest
+
+
+def default_fused_layers(num_layers: int) -> tuple[int, ...]:
+  """EAGLE-3's low, middle and high layers: near the bottom, the middle, and a few below the top."""
+  return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 4, 0))

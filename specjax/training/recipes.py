@@ -1,0 +1,164 @@
+"""Training recipes: plain functions that ``specjax train CONFIG.gin`` binds (gin stays at the entry point).
+
+``train_eagle`` does the whole job for a feature drafter, each stage resumable:
+  1. data   (``data.py``): synthesize prompts, the target's replies, its features — once per data directory,
+            shared by every run that uses it;
+  2. train  (``eagle_train.py`` + ``loop.py``): one jitted step, AdamW, orbax checkpoints in the run
+            directory, exact resume with ``--resume``;
+  3. export (``checkpoints/drafter_io.py``): ``RUN_DIR/drafter`` (safetensors + config.json), which
+            ``--drafter eagle --draft RUN_DIR/drafter`` loads;
+  4. eval   (``evaluate.py``): 1 − TVD per draft position on held-out sequences, written to eval.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.errors import SpecjaxError
+
+
+def _log(msg: str) -> None:
+  sys.stderr.write(f"[train] {msg}\n")
+  sys.stderr.flush()
+
+
+def default_data_dir(model: str, num_prompts: int, max_new_tokens: int) -> Path:
+  from specjax.cache_location import cache_dir
+  safe = model.replace("/", "_")
+  return cache_dir() / "distill" / f"{safe}-p{num_prompts}-n{max_new_tokens}"
+
+
+def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, extra_prompts: Sequence[str],
+                 gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512) -> Path:
+  """Stages 1-2 of the data, skipped when already complete."""
+  from specjax.prompts import load_prompts
+  from specjax.training import data, synth_prompts
+  feats = data_dir / data.FEATURES / "meta.json"
+  if feats.exists():
+    return data_dir
+  prompts = synth_prompts.synthesize(num_prompts, seed=seed)
+  for path in extra_prompts:
+    for p in load_prompts(path):
+      prompts.append({"id": f"{Path(path).name}:{p.question_id}", "category": p.category, "prompt": p.text})
+  _log(f"data: {len(prompts)} prompts -> {data_dir}")
+  data.generate_responses(m, prompts, data_dir, max_new_tokens=max_new_tokens, batch_size=gen_batch_size,
+                          seed=seed, max_len=max_len)
+  data.compute_features(m, data_dir, fused_layers=fused_layers)
+  return data_dir
+
+
+def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
+                num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
+                gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
+                reduced_vocab: int = 0, loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0,
+                unroll: int = 1, step_decay: float = 1.0, steps: int = 1000, batch_size: int = 4,
+                seq_len: int = 512, learning_rate: float = 1e-3, warmup_steps: int = 50,
+                weight_decay: float = 0.0, clip_norm: float = 1.0, seed: int = 0, checkpoint_every: int = 100,
+                keep_checkpoints: int = 2, held_out: float = 0.02, eval_positions: int = 5,
+                log_every: int = 10, progress: bool = True) -> dict:
+  """Train an EAGLE-style feature drafter for ``model``; returns a summary (also written to summary.json).
+
+  ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
+  middle / high).  ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.
+  ``loss``: ce | fkl | rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression;
+  ``unroll`` > 1 trains on the drafter's own features for that many steps (EAGLE-3's training-time test).
+  """
+  from specjax import api
+  from specjax.checkpoints import drafter_io
+  from specjax.speculative import eagle
+  from specjax.training import data as data_lib, eagle_train, evaluate, loop, optim
+  from specjax.training.checkpoint import Checkpointer
+
+  if features not in ("final", "fused"):
+    raise SpecjaxError(f"features must be 'final' or 'fused', got '{features}'")
+  lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay)
+  run = Path(run_dir).expanduser()
+  if run.exists() and any(run.iterdir()) and not resume:
+    raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
+  run.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
+  m = api.load(model)
+  cfg = m.cfg
+  fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(cfg.num_layers)
+  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
+               gen_batch_size=gen_batch_size, seed=seed, fused_layers=fused)
+  data_s = time.perf_counter() - t0
+  store = eagle_train.FeatureData(ddir)
+  ecfg = eagle.EagleConfig(cfg, fused if features == "fused" else (), reduced_vocab)
+  head_ids = None
+  if ecfg.reduced:
+    counts = eagle_train.token_counts(store, cfg.vocab_size)
+    head_ids = eagle_train.reduced_vocabulary(counts, reduced_vocab, always=cfg.eos_token_ids)
+    covered = float(np.asarray(store.topk_ids[:, 0])[:, None].__eq__(head_ids[None, :]).any(1).mean()) \
+        if len(store.topk_ids) < 2_000_000 else float("nan")
+    _log(f"reduced vocabulary: {reduced_vocab} tokens cover {covered:.4f} of the target's first choices")
+  frozen = eagle.frozen_from_target(ecfg, m.params, head_ids)
+  t2d = None
+  if ecfg.reduced:
+    t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
+        jnp.arange(len(head_ids), dtype=jnp.int32))
+  train_idx, held_idx = store.split(held_out, seed)
+  feats = store.features_for(ecfg)
+  batcher = eagle_train.PackedBatcher(store, feats, train_idx, batch_size=batch_size, seq_len=seq_len, seed=seed)
+  if batcher.truncated:
+    _log(f"{batcher.truncated} sequences longer than seq_len={seq_len} are cut")
+
+  tx = optim.make_optimizer(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup_steps,
+                            weight_decay=weight_decay, clip_norm=clip_norm)
+  schedule = optim.make_schedule(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup_steps)
+  key = jax.random.PRNGKey(seed)
+  params0 = eagle.init_trainable(ecfg, key)
+  state = loop.make_train_state(params0, tx.init(params0), key)
+  fingerprint = {"drafter": "eagle", "target": model, **ecfg.to_dict(), "loss": lcfg.kind, "unroll": unroll,
+                 "data": str(ddir)}
+  ckpt = Checkpointer(run / "checkpoints", every=checkpoint_every, keep=keep_checkpoints, fingerprint=fingerprint)
+  if resume:
+    restored = loop.resume(ckpt, jax.eval_shape(lambda: state), batcher, required=False)
+    if restored is not None:
+      state, start = restored
+      _log(f"resumed at step {start}")
+
+  @partial(jax.jit, donate_argnums=0)
+  def _step(state, frozen, t2d, batch):
+    (loss_v, metrics), grads = jax.value_and_grad(eagle_train.loss_fn, has_aux=True)(
+        state["params"], frozen, ecfg, lcfg, batch, t2d)
+    updates, opt = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": schedule(state["step"] + 1)}
+    return {**state, "params": params, "opt_state": opt, "step": state["step"] + 1}, metrics
+
+  step_fn = lambda state, batch: _step(state, frozen, t2d, batch)
+  settings = dict(model=model, data_dir=str(ddir), features=features, feature_layers=list(ecfg.feature_layers),
+                  reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll,
+                  step_decay=step_decay, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                  learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                  clip_norm=clip_norm, seed=seed)
+  t1 = time.perf_counter()
+  state = loop.train(step_fn, state, batcher, total_steps=steps, run_dir=run, checkpointer=ckpt,
+                     log_every=log_every, tokens_per_batch=batch_size * seq_len, progress=progress,
+                     extra_meta={"settings": settings})
+  ckpt.close()
+  train_s = time.perf_counter() - t1
+  out = drafter_io.save_drafter(run / "drafter", ecfg, jax.device_get(state["params"]), target_name=model,
+                                tokenizer=m.tokenizer, head_ids=head_ids,
+                                training={**settings, "train_tokens": int(store.meta["tokens"]),
+                                          "sequences": store.num_sequences})
+  _log(f"exported {out}")
+  ev = evaluate.tvd_by_position(m, ecfg, {**jax.device_get(state["params"]), **frozen}, store, held_idx,
+                                positions=eval_positions, seq_len=seq_len)
+  summary = {"run_dir": str(run), "drafter": str(out), "data_dir": str(ddir), "data_s": data_s,
+             "train_s": train_s, "steps": steps, "train_sequences": int(len(train_idx)),
+             "held_out_sequences": int(len(held_idx)), "data_tokens": int(store.meta["tokens"]),
+             "response_tokens": int(store.meta["response_tokens"]), **ev, "settings": settings}
+  (run / "summary.json").write_text(json.dumps(summary, indent=1))
+  return summary
