@@ -48,6 +48,15 @@ class EagleConfig:
   feature_layers: tuple[int, ...] = ()     # () = the target's final hidden state; else fused layer taps
   vocab_size: int = 0                      # draft head rows; 0 = the target's vocabulary
 
+  def __post_init__(self):
+    if self.vocab_size == self.target.vocab_size:       # one spelling of "the full vocabulary"
+      object.__setattr__(self, "vocab_size", 0)
+    if not 0 <= self.vocab_size <= self.target.vocab_size:
+      raise ValueError(f"draft vocabulary of {self.vocab_size} tokens: use 1..{self.target.vocab_size} (0 = all)")
+    if any(not 0 <= i < self.target.num_layers for i in self.feature_layers):
+      raise ValueError(f"feature layers {list(self.feature_layers)} outside the target's "
+                       f"{self.target.num_layers} layers")
+
   @property
   def head_size(self) -> int:
     return self.vocab_size or self.target.vocab_size

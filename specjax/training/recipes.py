@@ -59,57 +59,90 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
-                reduced_vocab: int = 0, loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0,
-                unroll: int = 1, step_decay: float = 1.0, steps: int = 1000, batch_size: int = 4,
-                seq_len: int = 512, learning_rate: float = 1e-3, warmup_steps: int = 50,
-                weight_decay: float = 0.0, clip_norm: float = 1.0, seed: int = 0, checkpoint_every: int = 100,
-                keep_checkpoints: int = 2, held_out: float = 0.02, eval_positions: int = 5,
-                log_every: int = 10, progress: bool = True) -> dict:
-  """Train an EAGLE-style feature drafter for ``model``; returns a summary (also written to summary.json).
+                eval_positions: int = 5, **train_kw) -> dict:
+  """Train an EAGLE-style feature drafter for ``model``: data (once per data directory), training
+  (``train_eagle_on``'s settings), export to RUN_DIR/drafter, held-out evaluation; returns a summary (also
+  written to summary.json).
 
   ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
-  middle / high).  ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.
-  ``loss``: ce | fkl | rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression;
-  ``unroll`` > 1 trains on the drafter's own features for that many steps (EAGLE-3's training-time test).
+  middle / high).  The data directory defaults to the specjax cache (shared by every run on that data).
   """
   from specjax import api
   from specjax.checkpoints import drafter_io
+  from specjax.training import data as data_lib, evaluate
+
+  run = Path(run_dir).expanduser()
+  if run.exists() and any(run.iterdir()) and not resume:
+    raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
+  t0 = time.perf_counter()
+  m = api.load(model)
+  fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
+  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
+               gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
+  data_s = time.perf_counter() - t0
+  res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=run, resume=resume, features=features,
+                       fused_layers=fused, model_name=model, **train_kw)
+  ecfg, store = res["ecfg"], res["store"]
+  params = jax.device_get(res["params"])
+  out = drafter_io.save_drafter(run / "drafter", ecfg, params, target_name=model, tokenizer=m.tokenizer,
+                                head_ids=res["head_ids"],
+                                training={**res["settings"], "train_tokens": int(store.meta["tokens"]),
+                                          "sequences": store.num_sequences, "train_s": res["train_s"]})
+  _log(f"exported {out}")
+  ev = evaluate.tvd_by_position(m, ecfg, {**params, **res["frozen"]}, store, res["held_idx"],
+                                positions=eval_positions, seq_len=res["settings"]["seq_len"])
+  summary = {"run_dir": str(run), "drafter": str(out), "data_dir": str(ddir), "data_s": data_s,
+             "train_s": res["train_s"], "steps": res["settings"]["steps"], "final_loss": res["final_loss"],
+             "train_sequences": res["train_sequences"], "held_out_sequences": int(len(res["held_idx"])),
+             "data_tokens": int(store.meta["tokens"]), "response_tokens": int(store.meta["response_tokens"]),
+             **ev, "settings": res["settings"]}
+  (run / "summary.json").write_text(json.dumps(summary, indent=1))
+  return summary
+
+
+def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = False, model_name: str = "",
+                   features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
+                   loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
+                   step_decay: float = 1.0, steps: int = 1000, batch_size: int = 4, seq_len: int = 512,
+                   learning_rate: float = 1e-3, warmup_steps: int = 50, weight_decay: float = 0.0,
+                   clip_norm: float = 1.0, seed: int = 0, checkpoint_every: int = 100, keep_checkpoints: int = 2,
+                   held_out: float = 0.02, log_every: int = 10, progress: bool = True) -> dict:
+  """The training stage on an existing feature store: one jitted step (``eagle_train.loss_fn``), AdamW with
+  warm-up and cosine decay, orbax checkpoints in RUN_DIR/checkpoints, exact resume.
+
+  ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.  ``loss``: ce | fkl |
+  rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression; ``unroll`` > 1 trains on
+  the drafter's own features for that many steps (EAGLE-3's training-time test), step s weighted
+  ``step_decay ** (s - 1)``.
+  """
   from specjax.speculative import eagle
-  from specjax.training import data as data_lib, eagle_train, evaluate, loop, optim
+  from specjax.training import eagle_train, loop, optim
   from specjax.training.checkpoint import Checkpointer
 
   if features not in ("final", "fused"):
     raise SpecjaxError(f"features must be 'final' or 'fused', got '{features}'")
-  lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay)
-  run = Path(run_dir).expanduser()
-  if run.exists() and any(run.iterdir()) and not resume:
-    raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
+  try:
+    lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay)
+  except ValueError as e:
+    raise SpecjaxError(str(e)) from e
+  run = Path(run_dir)
   run.mkdir(parents=True, exist_ok=True)
-  t0 = time.perf_counter()
-  m = api.load(model)
-  cfg = m.cfg
-  fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(cfg.num_layers)
-  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
-  prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
-               gen_batch_size=gen_batch_size, seed=seed, fused_layers=fused)
-  data_s = time.perf_counter() - t0
-  store = eagle_train.FeatureData(ddir)
-  ecfg = eagle.EagleConfig(cfg, fused if features == "fused" else (), reduced_vocab)
-  head_ids = None
+  store = eagle_train.FeatureData(data_dir)
+  ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab)
+  head_ids = t2d = None
   if ecfg.reduced:
     counts = eagle_train.token_counts(store, cfg.vocab_size)
     head_ids = eagle_train.reduced_vocabulary(counts, reduced_vocab, always=cfg.eos_token_ids)
-    covered = float(np.asarray(store.topk_ids[:, 0])[:, None].__eq__(head_ids[None, :]).any(1).mean()) \
-        if len(store.topk_ids) < 2_000_000 else float("nan")
+    first = np.asarray(store.topk_ids[:, 0])
+    covered = float(np.isin(first, head_ids).mean())
     _log(f"reduced vocabulary: {reduced_vocab} tokens cover {covered:.4f} of the target's first choices")
-  frozen = eagle.frozen_from_target(ecfg, m.params, head_ids)
-  t2d = None
-  if ecfg.reduced:
     t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
         jnp.arange(len(head_ids), dtype=jnp.int32))
+  frozen = eagle.frozen_from_target(ecfg, target_params, head_ids)
   train_idx, held_idx = store.split(held_out, seed)
-  feats = store.features_for(ecfg)
-  batcher = eagle_train.PackedBatcher(store, feats, train_idx, batch_size=batch_size, seq_len=seq_len, seed=seed)
+  batcher = eagle_train.PackedBatcher(store, store.features_for(ecfg), train_idx, batch_size=batch_size,
+                                      seq_len=seq_len, seed=seed)
   if batcher.truncated:
     _log(f"{batcher.truncated} sequences longer than seq_len={seq_len} are cut")
 
@@ -119,8 +152,8 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   key = jax.random.PRNGKey(seed)
   params0 = eagle.init_trainable(ecfg, key)
   state = loop.make_train_state(params0, tx.init(params0), key)
-  fingerprint = {"drafter": "eagle", "target": model, **ecfg.to_dict(), "loss": lcfg.kind, "unroll": unroll,
-                 "data": str(ddir)}
+  fingerprint = {"drafter": "eagle", "target": model_name or cfg.name, **ecfg.to_dict(), "loss": lcfg.kind,
+                 "unroll": unroll, "data": str(Path(data_dir).resolve())}
   ckpt = Checkpointer(run / "checkpoints", every=checkpoint_every, keep=keep_checkpoints, fingerprint=fingerprint)
   if resume:
     restored = loop.resume(ckpt, jax.eval_shape(lambda: state), batcher, required=False)
@@ -130,35 +163,31 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
 
   @partial(jax.jit, donate_argnums=0)
   def _step(state, frozen, t2d, batch):
-    (loss_v, metrics), grads = jax.value_and_grad(eagle_train.loss_fn, has_aux=True)(
+    (_, metrics), grads = jax.value_and_grad(eagle_train.loss_fn, has_aux=True)(
         state["params"], frozen, ecfg, lcfg, batch, t2d)
     updates, opt = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": schedule(state["step"] + 1)}
     return {**state, "params": params, "opt_state": opt, "step": state["step"] + 1}, metrics
 
-  step_fn = lambda state, batch: _step(state, frozen, t2d, batch)
-  settings = dict(model=model, data_dir=str(ddir), features=features, feature_layers=list(ecfg.feature_layers),
-                  reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll,
-                  step_decay=step_decay, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                  learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
-                  clip_norm=clip_norm, seed=seed)
+  last = {}
+
+  def step_fn(state, batch):
+    state, metrics = _step(state, frozen, t2d, batch)
+    last["loss"] = metrics["loss"]
+    return state, metrics
+
+  settings = dict(model=model_name or cfg.name, data_dir=str(data_dir), features=features,
+                  feature_layers=list(ecfg.feature_layers), reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls,
+                  w_reg=w_reg, unroll=unroll, step_decay=step_decay, steps=steps, batch_size=batch_size,
+                  seq_len=seq_len, learning_rate=learning_rate, warmup_steps=warmup_steps,
+                  weight_decay=weight_decay, clip_norm=clip_norm, seed=seed)
   t1 = time.perf_counter()
   state = loop.train(step_fn, state, batcher, total_steps=steps, run_dir=run, checkpointer=ckpt,
                      log_every=log_every, tokens_per_batch=batch_size * seq_len, progress=progress,
                      extra_meta={"settings": settings})
   ckpt.close()
-  train_s = time.perf_counter() - t1
-  out = drafter_io.save_drafter(run / "drafter", ecfg, jax.device_get(state["params"]), target_name=model,
-                                tokenizer=m.tokenizer, head_ids=head_ids,
-                                training={**settings, "train_tokens": int(store.meta["tokens"]),
-                                          "sequences": store.num_sequences})
-  _log(f"exported {out}")
-  ev = evaluate.tvd_by_position(m, ecfg, {**jax.device_get(state["params"]), **frozen}, store, held_idx,
-                                positions=eval_positions, seq_len=seq_len)
-  summary = {"run_dir": str(run), "drafter": str(out), "data_dir": str(ddir), "data_s": data_s,
-             "train_s": train_s, "steps": steps, "train_sequences": int(len(train_idx)),
-             "held_out_sequences": int(len(held_idx)), "data_tokens": int(store.meta["tokens"]),
-             "response_tokens": int(store.meta["response_tokens"]), **ev, "settings": settings}
-  (run / "summary.json").write_text(json.dumps(summary, indent=1))
-  return summary
+  return {"ecfg": ecfg, "params": state["params"], "frozen": frozen, "head_ids": head_ids, "store": store,
+          "held_idx": held_idx, "train_sequences": int(len(train_idx)), "settings": settings,
+          "train_s": time.perf_counter() - t1,
+          "final_loss": float(last["loss"]) if "loss" in last else None}

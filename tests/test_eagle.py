@@ -1,0 +1,279 @@
+"""The EAGLE-style feature drafter: the engine's drafting equals the training forward (root, tree depths,
+after a commit), greedy exactness for every variant and shape, lossless sampling with a reduced vocabulary
+(statistically, with a broken rule caught), export/load and its errors, and a tiny training run end to end
+(loss falls; kill and resume continues the same run)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+
+from specjax import config, kv_cache, model, sampling
+from specjax.checkpoints import drafter_io
+from specjax.errors import SpecjaxError
+from specjax.speculative import Engine, NoDrafter, generate, tree_shapes
+from specjax.speculative import eagle
+from specjax.speculative.drafters import DynamicShape
+from specjax.training import data as data_lib, eagle_train
+from tests import test_speculative as ts
+
+CFG = config.TINY.replace(num_layers=3)
+BUCKETS = (16, 32, 64)
+VARIANTS = {"final": ((), 0), "fused": ((0, 2), 0), "reduced": ((), 16)}
+
+
+def _drafter_params(ecfg, target, seed=1, noise=0.05):
+  head_ids = np.arange(ecfg.head_size) * 3 % ecfg.target.vocab_size if ecfg.reduced else None
+  tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed))
+  leaves, tdef = jax.tree_util.tree_flatten(tr)
+  keys = jax.random.split(jax.random.PRNGKey(seed + 100), len(leaves))
+  tr = jax.tree_util.tree_unflatten(tdef, [x + noise * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  return tr, {**tr, **eagle.frozen_from_target(ecfg, target, head_ids)}
+
+
+@pytest.fixture(scope="module")
+def target():
+  return model.init_params(CFG, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_engine_drafting_equals_the_training_forward(target, variant):
+  """The engine's root, depth-1 and depth-2 drafts and its root after a commit give exactly the training
+  forward's logits at unroll steps 1, 2, 3 (so training optimises what the engine runs)."""
+  ecfg = eagle.EagleConfig(CFG, *VARIANTS[variant])
+  _, dp = _drafter_params(ecfg, target)
+  seq = np.array([[5, 9, 7, 3, 11, 12, 4, 20, 33, 17, 8]], np.int32)
+  T, P = seq.shape[1], 7
+  taps = ecfg.feature_layers
+  G = model.forward(target, CFG, jnp.asarray(seq), jnp.arange(T)[None], kv_cache.init_cache(CFG, 1, 32),
+                    feature_layers=taps).features
+  batch = {"tokens": jnp.asarray(seq), "pos": jnp.arange(T)[None], "seg": jnp.ones((1, T), jnp.int32), "feats": G}
+  logits_S, _ = eagle_train.train_forward(dp, ecfg, batch, unroll=3)
+  full = eagle.to_target_vocab(dp, ecfg, logits_S)
+  d = eagle.EagleDrafter(ecfg.layer_cfg, buckets=(32,), ecfg=ecfg, max_depth=3)
+  st = d.init(dp, jnp.asarray(seq[:, :P]), jnp.array([P]), 32, G[:, :P])
+  S = jnp.zeros((1, 32), jnp.int32).at[:, :T].set(seq)
+  lg, f, cache = d._root(dp, st, S, jnp.array([P]), jnp.asarray(seq[:, P]))
+  np.testing.assert_allclose(lg[0], full[0, 0, P], atol=2e-5)
+  lg1, f1, cache = d._extend(dp, cache, jnp.asarray(seq[:, P + 1:P + 2]), 1, jnp.array([[1]]),
+                             jnp.array([[[1, 1, 0]]], bool), f[:, None])
+  np.testing.assert_allclose(lg1[0, 0], full[1, 0, P + 1], atol=2e-5)
+  lg2, _, cache = d._extend(dp, cache, jnp.asarray(seq[:, P + 2:P + 3]), 2, jnp.array([[2]]),
+                            jnp.array([[[1, 1, 1]]], bool), f1)
+  np.testing.assert_allclose(lg2[0, 0], full[2, 0, P + 2], atol=2e-5)
+  # Accept root + 2 nodes: the next root re-feeds them with the target's features.
+  st2 = d.commit(d._with_cache(st, cache), jnp.array([P]), None, jnp.array([P + 2]), G[:, P:P + 3])
+  lg3, _, _ = d._root(dp, st2, S, jnp.array([P + 2]), jnp.asarray(seq[:, P + 2]))
+  np.testing.assert_allclose(lg3[0], full[0, 0, P + 2], atol=2e-5)
+  if ecfg.reduced:   # nothing outside the reduced vocabulary can be drafted
+    outside = np.setdiff1d(np.arange(CFG.vocab_size), np.asarray(dp["head_ids"]))
+    assert float(jax.nn.softmax(lg)[0, outside].sum()) == 0.0
+
+
+PROMPTS = np.array([[5, 6, 7, 8, 5, 6, 7, 9, 5, 6], [9, 10, 11, 12, 13, 14, 9, 10, 0, 0], [3] + [0] * 9], np.int32)
+LENS = np.array([10, 8, 1])
+MAX_NEW = np.array([18, 13, 15], np.int32)
+SHAPES = {"chain": tree_shapes.chain(3), "branch": tree_shapes.branching([3, 2, 1]),
+          "dynamic": DynamicShape(6, top_k=2, max_depth=3)}
+
+
+def _run(target, drafter, dp, shape, sp=sampling.SamplingParams()):
+  B, N = 3, shape.num_nodes
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sp, buckets=BUCKETS, tree=shape)
+  st = generate(target, dp, kv_cache.init_cache(CFG, B, 64), jnp.asarray(PROMPTS), jnp.asarray(LENS),
+                jnp.asarray(MAX_NEW), jnp.full((B,), N, jnp.int32), jax.random.PRNGKey(0), engine=eng)
+  seq = np.asarray(st.seq_BxS)
+  return [seq[i, LENS[i]:LENS[i] + int(st.num_new_B[i])].tolist() for i in range(B)], st
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_eagle_decoding_equals_plain_greedy(target, variant):
+  tparams = model.unstack_layers(target)
+  plain, _ = _run(tparams, NoDrafter(), (), tree_shapes.chain(0))
+  ecfg = eagle.EagleConfig(CFG, *VARIANTS[variant])
+  _, dp = _drafter_params(ecfg, target)
+  accepted = 0
+  for name, shape in SHAPES.items():
+    d = eagle.EagleDrafter(ecfg.layer_cfg, buckets=BUCKETS, ecfg=ecfg, max_depth=shape.max_depth)
+    out, st = _run(tparams, d, dp, shape)
+    assert out == plain, (variant, name)
+    accepted += int(st.stats.accepted_B.sum())
+  assert accepted > 0      # the accept-and-refeed path ran
+
+
+def test_eagle_sampling_with_a_reduced_vocabulary_is_lossless():
+  """Under sampling the reduced drafter's q is zero outside its vocabulary; the chain and tree rules stay
+  lossless (chi-square against the enumerated joint of plain sampling), and a broken rule is caught."""
+  sp = sampling.SamplingParams(temperature=1.0)
+  tgt = ts._micro_params(0)
+  ecfg = eagle.EagleConfig(ts.MICRO, (0, 1), 6)
+  tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(3))
+  dp = {**tr, **eagle.frozen_from_target(ecfg, tgt, np.array([0, 2, 3, 5, 8, 11]))}
+  drafter = eagle.EagleDrafter(ecfg.layer_cfg, ecfg=ecfg, max_depth=2)
+  joint = ts._exact_joint(tgt, sp)
+  p_ok = ts._chi2_pvalue(ts._spec_samples(tgt, dp, sp, drafter=drafter), joint)
+  p_broken = ts._chi2_pvalue(ts._spec_samples(tgt, dp, sp, drafter=drafter, acceptance=ts.AcceptAlways()), joint)
+  assert p_ok > 1e-3, p_ok
+  assert p_broken < 1e-6, p_broken
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Export and load
+
+
+class _Tok:
+  def __init__(self, n, prefix="t"):
+    self.hf = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"{prefix}{i}": i for i in range(n)},
+                                                               unk_token=f"{prefix}0"))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_export_round_trip_and_errors(tmp_path, target, variant, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  ecfg = eagle.EagleConfig(CFG, *VARIANTS[variant])
+  tr, dp = _drafter_params(ecfg, target)
+  tok = _Tok(CFG.vocab_size)
+  path = drafter_io.save_drafter(tmp_path / "d", ecfg, tr, target_name="tiny", tokenizer=tok,
+                                 head_ids=np.asarray(dp["head_ids"]) if ecfg.reduced else None)
+  ecfg2, dp2, conf = drafter_io.load_drafter(path, CFG, target, tok)
+  assert ecfg2 == ecfg and conf["target"]["name"] == "tiny"
+  for k in dp:
+    np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(dp[k])[0]),
+                                  np.asarray(jax.tree_util.tree_leaves(dp2[k])[0]))
+  assert [d["path"] for d in drafter_io.list_drafters()] == [str(path.resolve())]
+  with pytest.raises(SpecjaxError, match="another tokenizer"):
+    drafter_io.load_drafter(path, CFG, target, _Tok(CFG.vocab_size, "u"))
+  other = CFG.replace(vocab_size=80)
+  with pytest.raises(SpecjaxError, match="vocabulary 64"):
+    drafter_io.load_drafter(path, other, model.init_params(other, jax.random.PRNGKey(0)), tok)
+  with pytest.raises(SpecjaxError, match="not found"):
+    drafter_io.load_drafter(tmp_path / "nope", CFG, target, tok)
+  st = path / "model.safetensors"
+  st.write_bytes(st.read_bytes()[:100])
+  with pytest.raises(SpecjaxError, match="damaged"):
+    drafter_io.load_drafter(path, CFG, target, tok)
+  (path / "config.json").write_text("{not json")
+  with pytest.raises(SpecjaxError, match="not valid JSON"):
+    drafter_io.load_drafter(path, CFG, target, tok)
+  (path / "config.json").unlink()
+  with pytest.raises(SpecjaxError, match="no config.json"):
+    drafter_io.load_drafter(path, CFG, target, tok)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training on a tiny feature store
+
+
+class _FakeModel:
+  def __init__(self, cfg, params):
+    self.cfg, self.params, self.prefill_params, self.source = cfg, params, params, "tiny"
+
+
+def make_store(tmp_path, target, n=24, seed=0):
+  """A feature store of the tiny target's own greedy continuations of random prompts."""
+  rng = np.random.default_rng(seed)
+  d = tmp_path / "data"
+  d.mkdir()
+  lines = []
+  tparams = model.unstack_layers(target)
+  for i in range(n):
+    p = rng.integers(3, CFG.vocab_size, size=int(rng.integers(4, 12))).tolist()
+    eng = Engine(cfg=CFG, drafter=NoDrafter(), k_max=0, sp=sampling.SamplingParams(temperature=1.0))
+    st = generate(tparams, (), kv_cache.init_cache(CFG, 1, 64), jnp.asarray([p], jnp.int32),
+                  jnp.asarray([len(p)]), jnp.asarray([24]), jnp.zeros((1,), jnp.int32), jax.random.PRNGKey(i),
+                  engine=eng)
+    resp = np.asarray(st.seq_BxS)[0, len(p):len(p) + int(st.num_new_B[0])].tolist()
+    lines.append(json.dumps({"id": i, "prompt": "", "prompt_ids": p, "response_ids": resp}))
+  (d / "responses.jsonl").write_text("\n".join(lines) + "\n")
+  data_lib.compute_features(_FakeModel(CFG, target), d, fused_layers=(0, 2), top_k=4, batch_size=4)
+  return d
+
+
+def test_feature_store_and_batches(tmp_path, target):
+  d = make_store(tmp_path, target, n=6)
+  store = eagle_train.FeatureData(d)
+  assert store.meta["fused_layers"] == [0, 2] and store.num_sequences == 6
+  b = eagle_train.PackedBatcher(store, store.final, np.arange(6), batch_size=2, seq_len=64, seed=0)
+  batch = b.next()
+  pos1 = b.position()
+  nxt = b.next()
+  b.seek(pos1)
+  np.testing.assert_array_equal(b.next()["tokens"], nxt["tokens"])
+  # every loss position predicts a response token of its own sequence
+  seg, m = batch["seg"], batch["loss_mask"]
+  assert m.any() and np.all(seg[m] > 0) and np.all(seg[:, 1:][m[:, :-1]] == seg[:, :-1][m[:, :-1]])
+  (d / "features" / "meta.json").unlink()
+  with pytest.raises(SpecjaxError, match="no complete feature store"):
+    eagle_train.FeatureData(d)
+
+
+TRAIN_SCRIPT = r"""
+import json, sys, time, jax, numpy as np
+sys.path.insert(0, {root!r})
+from specjax import config, model
+from specjax.training import recipes
+from specjax.speculative import eagle
+CFG = config.TINY.replace(num_layers=3)
+target = model.init_params(CFG, jax.random.PRNGKey(0))
+import specjax.training.recipes as R
+stall = {stall}
+if stall:
+  import specjax.training.loop as L
+  orig = L._MetricsWriter.write
+  def write(self, rec):
+    orig(self, rec)
+    if rec.get("step") == stall:
+      time.sleep(600)
+  L._MetricsWriter.write = write
+out = R.train_eagle_on(target, CFG, data_dir={data!r}, run_dir={run!r}, resume={resume}, steps=12,
+                       batch_size=2, seq_len=64, learning_rate=3e-3, warmup_steps=2, checkpoint_every=4,
+                       log_every=1, unroll=2, w_reg=0.1, progress=False, features="fused", fused_layers=(0, 2))
+print(json.dumps(out["final_loss"]))
+"""
+
+
+def _train(tmp_path, data, run, resume=False, stall=0):
+  script = tmp_path / f"train_{run.name}_{int(resume)}.py"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script.write_text(TRAIN_SCRIPT.format(root=root, data=str(data), run=str(run), resume=resume, stall=stall))
+  return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def _losses(run):
+  return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_training_lowers_the_loss_and_resumes_exactly_after_a_kill(tmp_path, target):
+  data = make_store(tmp_path, target)
+  full = _train(tmp_path, data, tmp_path / "full")
+  out, err = full.communicate(timeout=600)
+  assert full.returncode == 0, err[-2000:]
+  ref = _losses(tmp_path / "full")
+  assert ref[12] < ref[1]
+  # Kill a second run after its step-4 checkpoint (it stalls at step 6), then resume it.
+  run = tmp_path / "killed"
+  p = _train(tmp_path, data, run, stall=6)
+  t0 = time.time()
+  while time.time() - t0 < 300:
+    if (run / "metrics.jsonl").exists() and 6 in _losses(run):
+      break
+    time.sleep(0.2)
+  p.send_signal(signal.SIGKILL)
+  p.wait()
+  assert 6 in _losses(run)
+  again = _train(tmp_path, data, run, resume=True)
+  out, err = again.communicate(timeout=600)
+  assert again.returncode == 0, err[-2000:]
+  assert "resumed at step 4" in err
+  got = _losses(run)
+  assert sorted(got) == list(range(1, 13))
+  for s in range(1, 13):
+    assert abs(got[s] - ref[s]) < 1e-5 * max(1.0, abs(ref[s])), (s, got[s], ref[s])
