@@ -27,8 +27,8 @@ def experiment_registry() -> dict[str, Callable]:
 
 
 def training_registry() -> dict[str, Callable]:
-  from specjax.training.recipes import train_eagle
-  return {"train_eagle": train_eagle}
+  from specjax.training.recipes import distill_losses, train_draft_model, train_eagle
+  return {"train_eagle": train_eagle, "train_draft_model": train_draft_model, "distill_losses": distill_losses}
 
 
 def _register() -> None:

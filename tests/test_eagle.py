@@ -277,3 +277,42 @@ def test_training_lowers_the_loss_and_resumes_exactly_after_a_kill(tmp_path, tar
   assert sorted(got) == list(range(1, 13))
   for s in range(1, 13):
     assert abs(got[s] - ref[s]) < 1e-5 * max(1.0, abs(ref[s])), (s, got[s], ref[s])
+
+
+def test_small_draft_model_trains_and_exports_a_loadable_checkpoint(tmp_path, target):
+  """The small draft model: initialised from target layers, the loss falls on the tiny store, and the
+  exported Hugging Face directory loads back (same parameters) and drafts exactly in the engine."""
+  from specjax.checkpoints.safetensors_loader import load_hf_dir
+  from specjax.speculative import ModelDrafter
+  from specjax.training import draft_model, recipes
+  from tests.test_checkpoints import gguf_tokenizer
+  store = eagle_train.FeatureData(make_store(tmp_path, target, n=12))
+  layers = (0, 2)
+  dcfg = draft_model.draft_config(CFG, layers)
+  trainable, frozen = draft_model.split(draft_model.init_from_target(target, layers), True)
+  head = target["embed"]
+  loss_of = lambda tr, fz, b: draft_model.loss_fn(tr, {"embed": fz["embed"]}, dcfg, "fkl", b, fz["head"])
+  batch = eagle_train.PackedBatcher(store, store.final, np.arange(12), batch_size=4, seq_len=64).next()
+  before = float(loss_of(trainable, {**frozen, "head": head}, batch)[0])     # (training donates trainable)
+  res = recipes._fit(loss_of, trainable, {**frozen, "head": head}, store, store.final, run_dir=tmp_path / "run",
+                     resume=False, fingerprint={"drafter": "model"}, settings={}, steps=10, batch_size=2,
+                     seq_len=64, learning_rate=1e-3, warmup_steps=2, checkpoint_every=5, log_every=1,
+                     progress=False)
+  after = float(loss_of(res["params"], {**frozen, "head": head}, batch)[0])
+  assert after < before
+  params = {**jax.device_get(res["params"]), **frozen}
+  tok = gguf_tokenizer()
+  cfg_tok = dcfg.replace(vocab_size=tok.vocab_size)       # the test tokenizer's vocabulary
+  emb = np.asarray(params["embed"])
+  emb = emb[:tok.vocab_size] if tok.vocab_size <= len(emb) else np.pad(emb, ((0, tok.vocab_size - len(emb)), (0, 0)))
+  params_tok = {**params, "embed": emb}
+  path = draft_model.export_hf(tmp_path / "drafter", cfg_tok, params_tok, tok)
+  cfg2, params2, tok2 = load_hf_dir(path)
+  assert cfg2.num_layers == len(layers) and tok2.vocab_size == tok.vocab_size
+  for name in ("w_qkv", "wo", "w_gate_up", "w_down", "attn_norm", "mlp_norm"):
+    np.testing.assert_array_equal(np.asarray(params2["layers"][name]), np.asarray(params_tok["layers"][name]))
+  # The trained draft (full tiny vocabulary) drafts for the tiny target: greedy output unchanged.
+  plain, _ = _run(model.unstack_layers(target), NoDrafter(), (), tree_shapes.chain(0))
+  out, _ = _run(model.unstack_layers(target), ModelDrafter(dcfg, buckets=BUCKETS), model.unstack_layers(params),
+                SHAPES["branch"])
+  assert out == plain

@@ -41,14 +41,18 @@ def _index_path() -> Path:
 
 
 def _register(path: Path, config: dict) -> None:
+  register(path, config["specjax_drafter"], config["target"]["name"])
+
+
+def register(path: Path, kind: str, target: str) -> None:
+  """Add a saved drafter to the cache's index (``specjax models`` lists it while it exists)."""
   idx = _index_path()
   try:
     entries = json.loads(idx.read_text()) if idx.exists() else []
   except json.JSONDecodeError:
     entries = []
   entries = [e for e in entries if e.get("path") != str(path)]
-  entries.append({"path": str(path), "kind": config["specjax_drafter"], "target": config["target"]["name"],
-                  "saved": time.strftime("%Y-%m-%dT%H:%M:%S")})
+  entries.append({"path": str(path), "kind": kind, "target": target, "saved": time.strftime("%Y-%m-%dT%H:%M:%S")})
   idx.parent.mkdir(parents=True, exist_ok=True)
   tmp = idx.with_suffix(".tmp")
   tmp.write_text(json.dumps(entries, indent=1))
@@ -65,6 +69,7 @@ def list_drafters() -> list[dict]:
   except json.JSONDecodeError:
     return []
   return [e for e in entries if (Path(e["path"]) / "config.json").exists()]
+
 
 
 def _layer_tensors(layers, cfg) -> dict[str, np.ndarray]:

@@ -104,12 +104,9 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
 def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = False, model_name: str = "",
                    features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
                    loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
-                   step_decay: float = 1.0, steps: int = 1000, batch_size: int = 4, seq_len: int = 512,
-                   learning_rate: float = 1e-3, warmup_steps: int = 50, weight_decay: float = 0.0,
-                   clip_norm: float = 1.0, seed: int = 0, checkpoint_every: int = 100, keep_checkpoints: int = 2,
-                   held_out: float = 0.02, log_every: int = 10, progress: bool = True) -> dict:
-  """The training stage on an existing feature store: one jitted step (``eagle_train.loss_fn``), AdamW with
-  warm-up and cosine decay, orbax checkpoints in RUN_DIR/checkpoints, exact resume.
+                   step_decay: float = 1.0, **fit_kw) -> dict:
+  """The training stage on an existing feature store (``_fit``'s settings: steps, batch, optimizer,
+  checkpoints).
 
   ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.  ``loss``: ce | fkl |
   rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression; ``unroll`` > 1 trains on
@@ -117,44 +114,69 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   ``step_decay ** (s - 1)``.
   """
   from specjax.speculative import eagle
-  from specjax.training import eagle_train, loop, optim
-  from specjax.training.checkpoint import Checkpointer
+  from specjax.training import eagle_train
 
   if features not in ("final", "fused"):
     raise SpecjaxError(f"features must be 'final' or 'fused', got '{features}'")
   try:
     lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay)
+    ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab)
   except ValueError as e:
     raise SpecjaxError(str(e)) from e
-  run = Path(run_dir)
-  run.mkdir(parents=True, exist_ok=True)
   store = eagle_train.FeatureData(data_dir)
-  ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab)
   head_ids = t2d = None
   if ecfg.reduced:
     counts = eagle_train.token_counts(store, cfg.vocab_size)
     head_ids = eagle_train.reduced_vocabulary(counts, reduced_vocab, always=cfg.eos_token_ids)
-    first = np.asarray(store.topk_ids[:, 0])
-    covered = float(np.isin(first, head_ids).mean())
+    covered = float(np.isin(np.asarray(store.topk_ids[:, 0]), head_ids).mean())
     _log(f"reduced vocabulary: {reduced_vocab} tokens cover {covered:.4f} of the target's first choices")
     t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
         jnp.arange(len(head_ids), dtype=jnp.int32))
-  frozen = eagle.frozen_from_target(ecfg, target_params, head_ids)
+  frozen = {**eagle.frozen_from_target(ecfg, target_params, head_ids), "t2d": t2d}
+  seed = fit_kw.get("seed", 0)
+  params0 = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed))
+
+  def loss_of(trainable, frozen, batch):
+    fz = {k: v for k, v in frozen.items() if k != "t2d"}
+    return eagle_train.loss_fn(trainable, fz, ecfg, lcfg, batch, frozen["t2d"])
+
+  settings = dict(kind="eagle", model=model_name or cfg.name, data_dir=str(data_dir), features=features,
+                  feature_layers=list(ecfg.feature_layers), reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls,
+                  w_reg=w_reg, unroll=unroll, step_decay=step_decay)
+  fingerprint = {"drafter": "eagle", "target": model_name or cfg.name, **ecfg.to_dict(), "loss": lcfg.kind,
+                 "unroll": unroll}
+  res = _fit(loss_of, params0, frozen, store, store.features_for(ecfg), run_dir=run_dir, resume=resume,
+             fingerprint=fingerprint, settings=settings, **fit_kw)
+  return {**res, "ecfg": ecfg, "frozen": {k: v for k, v in frozen.items() if k != "t2d"}, "head_ids": head_ids,
+          "store": store}
+
+
+def _norm(tree):
+  return optax.tree.norm(tree) if hasattr(optax, "tree") and hasattr(optax.tree, "norm") else optax.global_norm(tree)
+
+
+def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, fingerprint: dict, settings: dict,
+         steps: int = 1000, batch_size: int = 4, seq_len: int = 512, learning_rate: float = 1e-3,
+         warmup_steps: int = 50, weight_decay: float = 0.0, clip_norm: float = 1.0, seed: int = 0,
+         checkpoint_every: int = 100, keep_checkpoints: int = 2, held_out: float = 0.02, log_every: int = 10,
+         progress: bool = True) -> dict:
+  """The loop every drafter shares: ``loss_of(trainable, frozen, batch) -> (loss, metrics)`` in one jitted
+  step, AdamW with warm-up and cosine decay, orbax checkpoints in RUN_DIR/checkpoints, exact resume."""
+  from specjax.training import eagle_train, loop, optim
+  from specjax.training.checkpoint import Checkpointer
+
+  run = Path(run_dir)
+  run.mkdir(parents=True, exist_ok=True)
   train_idx, held_idx = store.split(held_out, seed)
-  batcher = eagle_train.PackedBatcher(store, store.features_for(ecfg), train_idx, batch_size=batch_size,
-                                      seq_len=seq_len, seed=seed)
+  batcher = eagle_train.PackedBatcher(store, feats, train_idx, batch_size=batch_size, seq_len=seq_len, seed=seed)
   if batcher.truncated:
     _log(f"{batcher.truncated} sequences longer than seq_len={seq_len} are cut")
-
   tx = optim.make_optimizer(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup_steps,
                             weight_decay=weight_decay, clip_norm=clip_norm)
   schedule = optim.make_schedule(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup_steps)
-  key = jax.random.PRNGKey(seed)
-  params0 = eagle.init_trainable(ecfg, key)
-  state = loop.make_train_state(params0, tx.init(params0), key)
-  fingerprint = {"drafter": "eagle", "target": model_name or cfg.name, **ecfg.to_dict(), "loss": lcfg.kind,
-                 "unroll": unroll, "data": str(Path(data_dir).resolve())}
-  ckpt = Checkpointer(run / "checkpoints", every=checkpoint_every, keep=keep_checkpoints, fingerprint=fingerprint)
+  state = loop.make_train_state(params0, tx.init(params0), jax.random.PRNGKey(seed))
+  ckpt = Checkpointer(run / "checkpoints", every=checkpoint_every, keep=keep_checkpoints,
+                      fingerprint={**fingerprint, "data": str(Path(store.dir).resolve())})
   if resume:
     restored = loop.resume(ckpt, jax.eval_shape(lambda: state), batcher, required=False)
     if restored is not None:
@@ -162,32 +184,116 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
       _log(f"resumed at step {start}")
 
   @partial(jax.jit, donate_argnums=0)
-  def _step(state, frozen, t2d, batch):
-    (_, metrics), grads = jax.value_and_grad(eagle_train.loss_fn, has_aux=True)(
-        state["params"], frozen, ecfg, lcfg, batch, t2d)
+  def _step(state, frozen, batch):
+    (_, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state["params"], frozen, batch)
     updates, opt = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = {**metrics, "grad_norm": optax.global_norm(grads), "lr": schedule(state["step"] + 1)}
+    metrics = {**metrics, "grad_norm": _norm(grads), "lr": schedule(state["step"] + 1)}
     return {**state, "params": params, "opt_state": opt, "step": state["step"] + 1}, metrics
 
   last = {}
 
   def step_fn(state, batch):
-    state, metrics = _step(state, frozen, t2d, batch)
+    state, metrics = _step(state, frozen, batch)
     last["loss"] = metrics["loss"]
     return state, metrics
 
-  settings = dict(model=model_name or cfg.name, data_dir=str(data_dir), features=features,
-                  feature_layers=list(ecfg.feature_layers), reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls,
-                  w_reg=w_reg, unroll=unroll, step_decay=step_decay, steps=steps, batch_size=batch_size,
-                  seq_len=seq_len, learning_rate=learning_rate, warmup_steps=warmup_steps,
-                  weight_decay=weight_decay, clip_norm=clip_norm, seed=seed)
+  settings = {**settings, "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
+              "learning_rate": learning_rate, "warmup_steps": warmup_steps, "weight_decay": weight_decay,
+              "clip_norm": clip_norm, "seed": seed, "held_out": held_out}
   t1 = time.perf_counter()
   state = loop.train(step_fn, state, batcher, total_steps=steps, run_dir=run, checkpointer=ckpt,
                      log_every=log_every, tokens_per_batch=batch_size * seq_len, progress=progress,
                      extra_meta={"settings": settings})
   ckpt.close()
-  return {"ecfg": ecfg, "params": state["params"], "frozen": frozen, "head_ids": head_ids, "store": store,
-          "held_idx": held_idx, "train_sequences": int(len(train_idx)), "settings": settings,
-          "train_s": time.perf_counter() - t1,
+  return {"params": state["params"], "held_idx": held_idx, "train_sequences": int(len(train_idx)),
+          "settings": settings, "train_s": time.perf_counter() - t1,
           "final_loss": float(last["loss"]) if "loss" in last else None}
+
+
+def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m",
+                      data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
+                      extra_prompts: Sequence[str] = (), gen_batch_size: int = 32,
+                      layers: Sequence[int] = (0, 1, 2, 3), freeze_embeddings: bool = True, loss: str = "fkl",
+                      **fit_kw) -> dict:
+  """Distil a small Llama draft model (the target's ``layers`` to start from, its embedding and head, frozen
+  or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``."""
+  from specjax import api
+  from specjax.checkpoints import drafter_io
+  from specjax.training import draft_model, eagle_train, losses
+
+  if loss not in ("ce",) + losses.KINDS:
+    raise SpecjaxError(f"unknown loss '{loss}': choose ce, fkl, rkl, jsd or tvd")
+  run = Path(run_dir).expanduser()
+  if run.exists() and any(run.iterdir()) and not resume:
+    raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
+  m = api.load(model)
+  layers = tuple(int(i) for i in layers)
+  if not layers or any(not 0 <= i < m.cfg.num_layers for i in layers):
+    raise SpecjaxError(f"layers {list(layers)}: give indices in [0, {m.cfg.num_layers})")
+  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
+               gen_batch_size=gen_batch_size, seed=fit_kw.get("seed", 0))
+  store = eagle_train.FeatureData(ddir)
+  dcfg = draft_model.draft_config(m.cfg, layers)
+  trainable, frozen = draft_model.split(draft_model.init_from_target(m.params, layers), freeze_embeddings)
+  head = m.params["embed"] if m.cfg.tie_embeddings else m.params["lm_head"]
+
+  def loss_of(tr, fz, batch):
+    return draft_model.loss_fn(tr, {k: v for k, v in fz.items() if k != "head"}, dcfg, loss, batch, fz["head"])
+
+  settings = dict(kind="model", model=model, data_dir=str(ddir), layers=list(layers),
+                  freeze_embeddings=freeze_embeddings, loss=loss)
+  res = _fit(loss_of, trainable, {**frozen, "head": head}, store, store.final, run_dir=run, resume=resume,
+             fingerprint={"drafter": "model", "target": model, "layers": list(layers), "loss": loss,
+                          "freeze_embeddings": freeze_embeddings}, settings=settings, **fit_kw)
+  params = {**jax.device_get(res["params"]), **frozen}
+  out = draft_model.export_hf(run / "drafter", dcfg, params, m.tokenizer,
+                              training={**res["settings"], "train_s": res["train_s"]})
+  drafter_io.register(out.resolve(), "model", model)
+  _log(f"exported {out}")
+  summary = {"run_dir": str(run), "drafter": str(out), "data_dir": str(ddir), "train_s": res["train_s"],
+             "steps": res["settings"]["steps"], "final_loss": res["final_loss"],
+             "data_tokens": int(store.meta["tokens"]), "settings": res["settings"]}
+  (run / "summary.json").write_text(json.dumps(summary, indent=1))
+  return summary
+
+
+def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m",
+                   data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
+                   losses: Sequence[str] = ("ce", "fkl", "rkl", "jsd", "tvd"), eval_positions: int = 5,
+                   **train_kw) -> dict:
+  """The distillation losses side by side (DistillSpec): one feature drafter per loss, same data, steps and
+  seed, each in RUN_DIR/<loss>; held-out 1 − TVD and greedy agreement per draft position, as a table
+  (results.csv) and a plot (losses.png)."""
+  from specjax import api
+  from specjax.training import evaluate
+  run = Path(run_dir).expanduser()
+  m = api.load(model)
+  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=(),
+               gen_batch_size=32, seed=train_kw.get("seed", 0))
+  rows = []
+  for kind in losses:
+    sub = run / kind
+    if sub.exists() and any(sub.iterdir()) and not resume:
+      raise SpecjaxError(f"{sub} already exists: pass --resume to continue, or another --run-dir")
+    res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=sub, resume=resume, model_name=model, loss=kind,
+                         **train_kw)
+    ev = evaluate.tvd_by_position(m, res["ecfg"], {**jax.device_get(res["params"]), **res["frozen"]},
+                                  res["store"], res["held_idx"], positions=eval_positions,
+                                  seq_len=res["settings"]["seq_len"])
+    rows.append({"loss": kind, "train_s": round(res["train_s"], 1), "final_loss": res["final_loss"],
+                 **{f"tvd_acc_{i + 1}": round(a, 4) for i, a in enumerate(ev["tvd_acceptance_by_position"])},
+                 **{f"greedy_{i + 1}": round(a, 4) for i, a in enumerate(ev["greedy_match_by_position"])}})
+    _log(f"{kind}: held-out 1 - TVD by position {ev['tvd_acceptance_by_position']}")
+  from specjax.report import write_csv
+  from specjax.runner import make_plot
+  write_csv(rows, run / "results.csv")
+  long = [{"loss": r["loss"], "position": i + 1, "1 - TVD": r[f"tvd_acc_{i + 1}"]}
+          for r in rows for i in range(eval_positions)]
+  make_plot(long, {"file": "losses.png", "x": "position", "y": "1 - TVD", "group": "loss",
+                   "title": "held-out acceptance (1 - TVD) by draft position, per distillation loss"}, run)
+  summary = {"run_dir": str(run), "rows": rows, "data_dir": str(ddir)}
+  (run / "summary.json").write_text(json.dumps(summary, indent=1))
+  return summary
