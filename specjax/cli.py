@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return COMMANDS[args.command](args)
   except SpecjaxError as e:
-    _error(f"specjax: error: {e}")
+    # one line: gin appends "In call to configurable ..." to errors raised inside a bound function
+    _error(f"specjax: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     return 2
   except KeyboardInterrupt:
     _error("specjax: interrupted")

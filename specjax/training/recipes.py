@@ -31,6 +31,20 @@ def _log(msg: str) -> None:
   sys.stderr.flush()
 
 
+def _check_settings(recipe: str, kw: dict, *fns) -> None:
+  """Settings forwarded through **kwargs must exist somewhere down the line (gin would accept any name)."""
+  import inspect
+  known = {p for fn in fns for p in inspect.signature(fn).parameters}
+  unknown = sorted(set(kw) - known)
+  if unknown:
+    raise SpecjaxError(f"unknown setting(s) for {recipe}: {', '.join(unknown)} (known: "
+                       f"{', '.join(sorted(known - _INTERNAL))})")
+
+
+_INTERNAL = {"target_params", "cfg", "loss_of", "params0", "frozen", "store", "feats", "fingerprint", "settings",
+             "fit_kw", "model_name", "run_dir", "resume", "data_dir"}
+
+
 def default_data_dir(model: str, num_prompts: int, max_new_tokens: int) -> Path:
   from specjax.cache_location import cache_dir
   safe = model.replace("/", "_")
@@ -71,6 +85,7 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   from specjax.checkpoints import drafter_io
   from specjax.training import data as data_lib, evaluate
 
+  _check_settings("train_eagle", train_kw, train_eagle_on, _fit)
   run = Path(run_dir).expanduser()
   if run.exists() and any(run.iterdir()) and not resume:
     raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
@@ -222,6 +237,7 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   from specjax.checkpoints import drafter_io
   from specjax.training import draft_model, eagle_train, losses
 
+  _check_settings("train_draft_model", fit_kw, _fit)
   if loss not in ("ce",) + losses.KINDS:
     raise SpecjaxError(f"unknown loss '{loss}': choose ce, fkl, rkl, jsd or tvd")
   run = Path(run_dir).expanduser()
@@ -268,6 +284,7 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
   (results.csv) and a plot (losses.png)."""
   from specjax import api
   from specjax.training import evaluate
+  _check_settings("distill_losses", train_kw, train_eagle_on, _fit)
   run = Path(run_dir).expanduser()
   m = api.load(model)
   ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
