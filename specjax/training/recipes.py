@@ -166,6 +166,19 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
           "store": store}
 
 
+def data_sharding(batch_size: int):
+  """With several devices, batches are split over a one-axis ("data") mesh and the parameters replicated:
+  jit's SPMD partitioner turns the step data-parallel (gradients all-reduced).  None on one device."""
+  n = jax.device_count()
+  if n == 1:
+    return None
+  if batch_size % n:
+    raise SpecjaxError(f"batch_size {batch_size} does not split over {n} devices: use a multiple of {n}")
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  return NamedSharding(mesh, PartitionSpec("data"))
+
+
 def _norm(tree):
   return optax.tree.norm(tree) if hasattr(optax, "tree") and hasattr(optax.tree, "norm") else optax.global_norm(tree)
 
@@ -207,8 +220,11 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
     return {**state, "params": params, "opt_state": opt, "step": state["step"] + 1}, metrics
 
   last = {}
+  shard = data_sharding(batch_size)
 
   def step_fn(state, batch):
+    if shard is not None:
+      batch = jax.device_put(batch, shard)
     state, metrics = _step(state, frozen, batch)
     last["loss"] = metrics["loss"]
     return state, metrics
