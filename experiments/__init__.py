@@ -4,9 +4,10 @@ Each returns rows (one dict per table line), a summary dict, and declarative plo
 renders (see ``specjax.runner.make_plot``).
 """
 from experiments.acceptance_vs_k import acceptance_vs_k
+from experiments.drafter_table import drafter_table
 from experiments.layerskip_search import layerskip_search
 from experiments.quickstart import quickstart
 from experiments.tree_shapes import tree_shapes
 
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
-               "layerskip_search": layerskip_search, "tree_shapes": tree_shapes}
+               "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table}

@@ -114,6 +114,9 @@ class Generation:
   text: str
   token_ids: list[int]
   prompt_tokens: int
+  iteration_starts: list[int] = dataclasses.field(default_factory=list)   # see below
+  """Positions (in prompt + reply) of the tokens that rooted a decoding iteration: the contexts in which the
+  drafter's first draft was judged (its measured first-position acceptance averages over these)."""
 
 
 def _round_up(n: int, m: int) -> int:
@@ -457,6 +460,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     t1 = time.perf_counter()
     res = loop_fn(m.exec_params, draft_params, state, jax.device_put(np.full((batch_size,), k_max, np.int32)))
     seq = np.asarray(res.seq_BxS)
+    starts = np.asarray(res.starts_BxS)
     stats["prefill_s"] += t1 - t0
     stats["decode_s"] += time.perf_counter() - t1
     totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
@@ -467,7 +471,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
       outputs.append(Generation(
           question_id=p.question_id if isinstance(p, Prompt) else start + i,
           prompt=p.text if isinstance(p, Prompt) else p,
-          text=m.tokenizer.decode(ids), token_ids=ids, prompt_tokens=len(toks)))
+          text=m.tokenizer.decode(ids), token_ids=ids, prompt_tokens=len(toks),
+          iteration_starts=np.flatnonzero(starts[i, :len(toks) + len(ids)]).tolist()))
       stats["new_tokens"] += len(ids)
     if progress:
       print(f"[generate] {min(start + batch_size, len(encoded))}/{len(encoded)} prompts", file=sys.stderr)

@@ -105,6 +105,9 @@ def test_greedy_eagle_decoding_equals_plain_greedy(target, variant):
     out, st = _run(tparams, d, dp, shape)
     assert out == plain, (variant, name)
     accepted += int(st.stats.accepted_B.sum())
+    # every live iteration marked its root's position (what eval-draft scores 1 - TVD at)
+    np.testing.assert_array_equal(np.asarray(st.starts_BxS).sum(1), np.asarray(st.stats.verify_steps_B))
+    assert all(bool(st.starts_BxS[b, LENS[b]]) for b in range(3))
   assert accepted > 0      # the accept-and-refeed path ran
 
 

@@ -27,3 +27,14 @@ def test_tree_shape_specs_parse_with_the_budget():
   for n in (2, 4, 8, 16, 32):                  # the default budgets: every shape spends exactly n nodes
     assert branching_num_nodes(branch_widths(n)) == n
   assert branch_widths(16) == (4, 1, 1, 1)
+
+
+def test_every_shipped_config_parses():
+  """Each configs/*.gin binds only names its experiment or training recipe knows."""
+  from pathlib import Path
+
+  from specjax import runner
+  configs = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.gin"))
+  assert len(configs) >= 7
+  for c in configs:
+    runner.parse([str(c)], [])

@@ -59,6 +59,7 @@ class SpecState:
   max_new_B: jax.Array
   key: jax.Array
   stats: SpecStats
+  starts_BxS: jax.Array        # bool: positions whose token was the root of an iteration (a draft followed it)
 
 
 class Engine(NamedTuple):
@@ -123,7 +124,7 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
                     node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
-                   key=key, stats=stats)
+                   key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool))
 
 
 def _feature_layers(drafter):
@@ -216,8 +217,9 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
       pos_reached_K=st.pos_reached_K + jnp.sum(reached_D & live[:, None], axis=0),
       verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1),
       node_accepted_N1=st.node_accepted_N1 + jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0))
+  starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live, lengths, S)].set(True, mode="drop")
   return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
-                   max_new_B=state.max_new_B, key=key, stats=stats)
+                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts)
 
 
 @functools.partial(jax.jit, static_argnames=("engine",), donate_argnames=("cache",))

@@ -65,8 +65,10 @@ def tvd_by_position(m, ecfg, params, store: eagle_train.FeatureData, indices, *,
   return _accumulate(params, _head(m), ecfg, batches, positions)
 
 
-def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 5) -> dict:
-  """The same measure on any sequences (prompt + response ids): the target's features are computed here."""
+def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 5, at=None) -> dict:
+  """The same measure on any sequences (prompt + response ids): the target's features are computed here.
+  ``at``: per sequence, the positions to score (default every response position), e.g. the iteration starts
+  of the run that produced them."""
   cfg = m.cfg
   taps = ecfg.feature_layers
 
@@ -78,14 +80,18 @@ def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 
     return out.features, out.hidden
 
   def batches():
-    for toks, p in zip(token_lists, prompt_lens):
+    for i, (toks, p) in enumerate(zip(token_lists, prompt_lens)):
       n = len(toks)
       T = max(64, -(-n // 64) * 64)
       arr = np.zeros((1, T), np.int32)
       arr[0, :n] = toks
       feats, final = target_pass(m.prefill_params, jax.device_put(arr))
       mask = np.zeros((1, T), bool)
-      mask[0, max(p - 1, 0):n - 1] = True
+      if at is None:
+        mask[0, max(p - 1, 0):n - 1] = True
+      else:
+        pos = np.asarray([t for t in at[i] if t < n - 1], np.int64)
+        mask[0, pos] = True
       yield {"tokens": arr, "pos": np.arange(T, dtype=np.int32)[None], "seg": (np.arange(T) < n)[None].astype(
           np.int32), "loss_mask": mask, "feats": feats, "final": final}
 
@@ -110,8 +116,12 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
   depth = len(st["acceptance_by_position"])
   n_pos = positions or depth
   log(f"[eval-draft] 1 - TVD on the {len(gens)} sampled sequences")
-  tvd = sequence_tvd(m, ecfg, params, [api.encode_prompts(m, [p])[0] + g.token_ids for p, g in zip(prompts, gens)],
-                     [g.prompt_tokens for g in gens], positions=n_pos)
+  seqs = [api.encode_prompts(m, [p])[0] + g.token_ids for p, g in zip(prompts, gens)]
+  plens = [g.prompt_tokens for g in gens]
+  tvd = sequence_tvd(m, ecfg, params, seqs, plens, positions=n_pos)
+  # at exactly the contexts where the engine judged its first draft: equal to the measured first-position
+  # acceptance in expectation
+  tvd_starts = sequence_tvd(m, ecfg, params, seqs, plens, positions=1, at=[g.iteration_starts for g in gens])
   log("[eval-draft] greedy speed against plain decoding")
   b = bench.bench(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, drafter="eagle", draft=draft_path,
                   k=k, tree=tree, repeats=repeats, log=log)
@@ -120,6 +130,8 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
           "temperature": temperature,
           "tvd_acceptance_by_position": tvd["tvd_acceptance_by_position"],
           "tvd_positions_scored": tvd["eval_positions_scored"],
+          "tvd_acceptance_at_iteration_starts": tvd_starts["tvd_acceptance_by_position"][0],
+          "iteration_starts_scored": tvd_starts["eval_positions_scored"],
           "greedy_match_by_position": tvd["greedy_match_by_position"],
           "measured_acceptance_by_position": st["acceptance_by_position"],
           "sampling_iterations": st["iterations"],
