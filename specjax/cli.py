@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--tree", default=None)
   e.add_argument("--temperature", type=float, default=1.0)
   e.add_argument("--seed", type=int, default=0)
+  e.add_argument("--no-speed", action="store_true", help="skip the greedy speed comparison (acceptance only)")
   e.add_argument("--json", action="store_true")
 
   m = sub.add_parser("models", help="list known models and whether each is cached")
@@ -401,13 +402,17 @@ def cmd_eval_draft(args) -> int:
   prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
   m = _load(args)
   res = evaluate.eval_draft(m, args.draft, prompts, k=args.k, tree=args.tree, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, seed=args.seed, max_len=_max_len(args), log=_log)
+                            temperature=args.temperature, seed=args.seed, max_len=_max_len(args),
+                            speed=not args.no_speed, log=_log)
 
   def human(r):
     f = lambda xs: " ".join(f"{x:.3f}" for x in xs)
     print(f"1 - TVD by position:          {f(r['tvd_acceptance_by_position'])}")
     print(f"measured (T={r['temperature']}) by position: {f(r['measured_acceptance_by_position'])}")
-    print(f"greedy: τ {r['mean_accepted_length']:.3f}, speedup {r['speedup']:.3f}")
+    print(f"1 - TVD at the iteration starts: {r['tvd_acceptance_at_iteration_starts']:.3f} "
+          f"({r['iteration_starts_scored']} contexts)")
+    if "speedup" in r:
+      print(f"greedy: τ {r['mean_accepted_length']:.3f}, speedup {r['speedup']:.3f}")
   _emit(res, args.json, human)
   return 0
 

@@ -100,7 +100,7 @@ def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 
 
 def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_tokens: int = 128,
                temperature: float = 1.0, seed: int = 0, max_len: int = 2048, positions: int | None = None,
-               repeats: int = 1, log=print) -> dict:
+               repeats: int = 1, speed: bool = True, log=print) -> dict:
   """A trained feature drafter end to end on ``prompts``:
 
   * sampling at ``temperature`` through the engine: the measured acceptance per draft position, and on the
@@ -122,10 +122,7 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
   # at exactly the contexts where the engine judged its first draft: equal to the measured first-position
   # acceptance in expectation
   tvd_starts = sequence_tvd(m, ecfg, params, seqs, plens, positions=1, at=[g.iteration_starts for g in gens])
-  log("[eval-draft] greedy speed against plain decoding")
-  b = bench.bench(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, drafter="eagle", draft=draft_path,
-                  k=k, tree=tree, repeats=repeats, log=log)
-  return {"draft": str(draft_path), "drafter_config": {k_: v for k_, v in config.items() if k_ != "training"},
+  out = {"draft": str(draft_path), "drafter_config": {k_: v for k_, v in config.items() if k_ != "training"},
           "model": m.source, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "k": k, "tree": tree,
           "temperature": temperature,
           "tvd_acceptance_by_position": tvd["tvd_acceptance_by_position"],
@@ -135,8 +132,14 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
           "greedy_match_by_position": tvd["greedy_match_by_position"],
           "measured_acceptance_by_position": st["acceptance_by_position"],
           "sampling_iterations": st["iterations"],
-          "sampling_mean_accepted_length": st["mean_accepted_length"],
-          "mean_accepted_length": b["mean_accepted_length"],
+          "sampling_mean_accepted_length": st["mean_accepted_length"]}
+  if not speed:
+    from specjax import machine
+    return {**out, "machine": machine.describe()}
+  log("[eval-draft] greedy speed against plain decoding")
+  b = bench.bench(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, drafter="eagle", draft=draft_path,
+                  k=k, tree=tree, repeats=repeats, log=log)
+  return {**out, "mean_accepted_length": b["mean_accepted_length"],
           "greedy_acceptance_by_position": b["acceptance_by_position"],
           "speedup": b["speedup"], "speedup_median": b.get("speedup_median"),
           "speedup_ci95": b.get("speedup_ci95"), "tokens_per_s": b.get("spec_tokens_per_s"),
