@@ -54,7 +54,7 @@ def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = 
     p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
     p.add_argument("--tree", default=None, action="append" if many_trees else "store",
                    help="token tree of N draft nodes instead of the chain of --k: chain:K, branch:W1,W2,..., "
-                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK]"
+                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK[:D]]"
                         + ("; repeat it to compare several trees in the same run" if many_trees else ""))
     p.add_argument("--acceptance", default=None,
                    help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")

@@ -243,7 +243,7 @@ def test_check_budget():
 
 @pytest.mark.parametrize("text,match", [
   ("foo:3", r"unknown tree shape 'foo:3': use chain:K, branch:W1,W2,\.\.\., paths:FILE, sequoia:N\[:D\] or "
-            r"dynamic:N\[:TOPK\]"),
+            r"dynamic:N\[:TOPK\[:D\]\]"),
   ("", "unknown tree shape"),
   ("chain:x", "'x' is not an integer"),
   ("chain:2.5", "'2.5' is not an integer"),
@@ -289,3 +289,14 @@ def test_load_acceptance_vector(tmp_path):
       ts.load_acceptance_vector(f)
   with pytest.raises(SpecjaxError, match="does not exist"):
     ts.load_acceptance_vector(tmp_path / "none.json")
+
+
+def test_dynamic_spec_takes_an_optional_depth():
+  from specjax.speculative.drafters import shape_for
+  spec = ts.parse_tree_spec("dynamic:8:4:5")
+  assert (spec.num, spec.top_k, spec.max_depth) == (8, 4, 5) and str(spec) == "dynamic:8:4:5"
+  assert shape_for(spec).max_depth == 5
+  assert ts.parse_tree_spec("dynamic:8:4").max_depth == 8
+  assert str(ts.parse_tree_spec("dynamic:16")) == "dynamic:16:4"
+  with pytest.raises(SpecjaxError):
+    ts.parse_tree_spec("dynamic:8:4:5:1")

@@ -24,7 +24,8 @@ vectorised in numpy (R = min(len(acc), n)); about 0.01 s for n=128, D=16, R=8 an
 
 Tree specs (CLI / gin): ``chain:K``, ``branch:W1,W2,...`` (the root has W1 children, each depth-1 node W2, ...),
 ``paths:FILE`` (Medusa-style JSON list of rank paths), ``sequoia:N[:D]`` (needs an acceptance vector) and
-``dynamic:N[:TOPK]`` (built per step by the engine; TOPK defaults to 4 and the depth limit to min(N, 8)).
+``dynamic:N[:TOPK[:D]]`` (built per step by the engine; TOPK defaults to 4 and the depth limit D to
+min(N, 8): each level is one sequential draft forward, so a fast-drafting model wants a shallower tree).
 """
 from __future__ import annotations
 
@@ -358,7 +359,7 @@ def choose_budget(acc: Sequence[float], cost_by_n: dict[int, float],
 # ----------------------------------------------------------------------------------------------------------------
 # Tree specs (CLI / gin)
 
-_SPEC_HELP = "use chain:K, branch:W1,W2,..., paths:FILE, sequoia:N[:D] or dynamic:N[:TOPK]"
+_SPEC_HELP = "use chain:K, branch:W1,W2,..., paths:FILE, sequoia:N[:D] or dynamic:N[:TOPK[:D]]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,11 +417,12 @@ class TreeSpec:
       return f"paths:{self.path}"
     if self.kind == "sequoia":
       return f"sequoia:{self.num}" + (f":{self.max_depth}" if self.max_depth is not None else "")
-    return f"dynamic:{self.num}:{self.top_k}"
+    default_depth = min(self.num, DYNAMIC_DEFAULT_DEPTH)
+    return f"dynamic:{self.num}:{self.top_k}" + (f":{self.max_depth}" if self.max_depth != default_depth else "")
 
 
 def parse_tree_spec(text: str) -> TreeSpec:
-  """Parse ``chain:K``, ``branch:W1,W2,...``, ``paths:FILE``, ``sequoia:N[:D]`` or ``dynamic:N[:TOPK]``."""
+  """Parse ``chain:K``, ``branch:W1,W2,...``, ``paths:FILE``, ``sequoia:N[:D]`` or ``dynamic:N[:TOPK[:D]]``."""
   text = str(text).strip()
   kind, _, rest = text.partition(":")
   kind = kind.strip().lower()
@@ -442,12 +444,15 @@ def parse_tree_spec(text: str) -> TreeSpec:
       depth = _spec_int(text, parts[1], "the depth limit D", f"sequoia:{n}:6 (omit D for no limit)")
     return TreeSpec("sequoia", num=n, max_depth=depth)
   if kind == "dynamic":
-    _expect_parts(text, parts, 1, 2, "dynamic:N or dynamic:N:TOPK, e.g. dynamic:32:4")
+    _expect_parts(text, parts, 1, 3, "dynamic:N, dynamic:N:TOPK or dynamic:N:TOPK:D, e.g. dynamic:32:4:6")
     n = _spec_int(text, parts[0], "N", "dynamic:32")
     top_k = DYNAMIC_DEFAULT_TOPK
-    if len(parts) == 2:
+    if len(parts) >= 2:
       top_k = _spec_int(text, parts[1], "TOPK", f"dynamic:{n}:4")
-    return TreeSpec("dynamic", num=n, top_k=top_k, max_depth=min(n, DYNAMIC_DEFAULT_DEPTH))
+    depth = min(n, DYNAMIC_DEFAULT_DEPTH)
+    if len(parts) == 3:
+      depth = _spec_int(text, parts[2], "the depth limit D", f"dynamic:{n}:{top_k}:5")
+    return TreeSpec("dynamic", num=n, top_k=top_k, max_depth=depth)
   raise SpecjaxError(f"unknown tree shape '{text}': {_SPEC_HELP}")
 
 
