@@ -17,6 +17,18 @@ from specjax.speculative.drafters import DynamicShape
 from tests.compile_counter import count_compiles
 
 CFG = config.TINY.replace(num_layers=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_persistent_compile_cache():
+  """Open bug (issue 10 session note): with the persistent compilation cache on (an earlier in-process test
+  turns it on), XLA's executable serialization crashed (SIGSEGV / abort) inside this module's greedy tree
+  tests in CI.  Until the cause is found, this module compiles without writing the cache."""
+  from specjax import compile_cache
+  was_on = compile_cache._STATE.get("dir") is not None
+  compile_cache.enable(False)
+  yield
+  compile_cache.enable(was_on)
 DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
 BUCKETS = (16, 32, 64)
 
