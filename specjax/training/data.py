@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.errors import SpecjaxError
+from specjax.training.jsonl import read_records
 
 RESPONSES = "responses.jsonl"
 FEATURES = "features"
@@ -51,23 +52,10 @@ def _progress():
 def read_responses(path: Path) -> list[dict]:
   """The complete records of a responses file (a last line cut by a kill is ignored, any other bad line is an
   error naming it)."""
-  out = []
-  if not path.exists():
-    return out
-  lines = path.read_text(encoding="utf-8").split("\n")
-  for n, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-      if not isinstance(rec.get("prompt_ids"), list) or not isinstance(rec.get("response_ids"), list):
-        raise ValueError("needs 'prompt_ids' and 'response_ids' lists")
-    except (json.JSONDecodeError, ValueError) as e:
-      if n == len(lines):     # the last line of a killed run: no newline after it
-        break
-      raise SpecjaxError(f"{path}:{n}: bad record ({e}); delete that line or the file to regenerate") from e
-    out.append(rec)
-  return out
+  def check(rec):
+    if not isinstance(rec.get("prompt_ids"), list) or not isinstance(rec.get("response_ids"), list):
+      raise ValueError("needs 'prompt_ids' and 'response_ids' lists")
+  return read_records(path, check, "delete that line or the file to regenerate")
 
 
 def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_new_tokens: int = 256,

@@ -33,6 +33,7 @@ import numpy as np
 
 from specjax.errors import SpecjaxError
 from specjax.training.checkpoint import Checkpointer
+from specjax.training.jsonl import read_records
 
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
@@ -85,24 +86,10 @@ def resume(checkpointer: Checkpointer, abstract_state, batcher: Batcher, *,
 
 def read_metrics(path: str | Path) -> list[dict]:
   """The records of a metrics.jsonl (a last line cut by a kill is ignored)."""
-  path = Path(path)
-  if not path.exists():
-    return []
-  out = []
-  lines = path.read_text(encoding="utf-8").split("\n")
-  for n, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-      if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-        raise ValueError("needs an integer 'step'")
-    except ValueError as e:
-      if n == len(lines):
-        break
-      raise SpecjaxError(f"{path}:{n}: bad metrics line ({e}); delete that line") from e
-    out.append(rec)
-  return out
+  def check(rec):
+    if not isinstance(rec.get("step"), int):
+      raise ValueError("needs an integer 'step'")
+  return read_records(path, check, "delete that line")
 
 
 def _truncate_metrics(path: Path, last_step: int) -> list[dict]:
