@@ -19,17 +19,6 @@ from tests.compile_counter import count_compiles
 CFG = config.TINY.replace(num_layers=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _no_persistent_compile_cache():
-  """Open bug (issue 10 session note): with the persistent compilation cache on (an earlier in-process test
-  turns it on), XLA's executable serialization crashed (SIGSEGV / abort) inside this module's greedy tree
-  tests in CI.  Until the cause is found, this module compiles without writing the cache."""
-  # Turning the cache off is not enough once jax has initialised it; a huge minimum compile time makes jax
-  # skip every write (the check comes before serialisation).
-  before = jax.config.jax_persistent_cache_min_compile_time_secs
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
-  yield
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
 BUCKETS = (16, 32, 64)
 
