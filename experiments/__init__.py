@@ -7,7 +7,12 @@ from experiments.acceptance_vs_k import acceptance_vs_k
 from experiments.drafter_table import drafter_table
 from experiments.layerskip_search import layerskip_search
 from experiments.quickstart import quickstart
+from experiments import roofline as _roofline
 from experiments.tree_shapes import tree_shapes
 
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
-               "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table}
+               "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table,
+               "roofline": _roofline.roofline}
+
+# Experiments that draw their own figures: plot(result, out_dir), called by the runner after results.json.
+PLOTTERS = {"roofline": _roofline.plot}

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, machine, model as model_lib, sampling
+from specjax import costmodel, decode, machine, model as model_lib, sampling
 from specjax import speculative as spec
 from specjax.speculative import tree_shapes
 from specjax.speculative.drafters import DynamicShape, shape_for
@@ -126,6 +126,35 @@ def _round_up(n: int, m: int) -> int:
 def encode_prompts(m: Model, prompts: Sequence[str | Prompt], chat: bool = True) -> list[list[int]]:
   texts = [p.text if isinstance(p, Prompt) else p for p in prompts]
   return [m.tokenizer.encode_chat(t) if chat else m.tokenizer.encode(t) for t in texts]
+
+
+AUTO_MAX_LEN_LIMIT = 1 << 20     # only for checking a tree spec before the buffer size is known
+
+
+def device_memory_bytes() -> float:
+  """Memory the buffers may use: the accelerator's (bytes_limit), or the machine's RAM on the CPU."""
+  dev = jax.devices()[0]
+  try:
+    stats = dev.memory_stats() or {}
+  except Exception:  # noqa: BLE001 -- the CPU client has no memory stats
+    stats = {}
+  if stats.get("bytes_limit"):
+    return float(stats["bytes_limit"])
+  try:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  except (ValueError, OSError, AttributeError):
+    return float("inf")
+
+
+def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
+                 budget: float | None = None) -> None:
+  """Refuse buffers whose bill (target and draft KV with speculative headroom, logits workspace, weights)
+  would not fit the memory budget, before anything is allocated."""
+  dtype = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}.get(
+      jnp.dtype(jax.tree_util.tree_leaves(m.params)[0].dtype), "float32")
+  bill = costmodel.kv_bill(m.cfg, max_len, nodes, draft_cfg, dtype, sampling_)
+  costmodel.check_budget(budget if budget is not None else device_memory_bytes(), bill, batch_size,
+                         what=f"KV buffers of {max_len} slots")
 
 
 def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, extra: int = 0) -> None:
@@ -401,11 +430,11 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
 
 def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             batch_size: int = 1, chat: bool = True, max_len: int = DEFAULT_MAX_LEN,
+             batch_size: int = 1, chat: bool = True, max_len: int | None = None,
              ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
              ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
-             acceptance=None) -> tuple[list[Generation], dict]:
+             acceptance=None, memory_budget: float | None = None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
   ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
@@ -417,6 +446,11 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   reading executables from the compilation cache (``compile_s``), in prefill (``prefill_s``, which also
   samples each sequence's first token) and in the decode loops (``decode_s``); tokens/s over prefill and
   decoding; τ, α, acceptance per tree depth, forward counts; the tree (``chain:K`` without one) and N.
+
+  ``max_len`` (KV slots per sequence) defaults to what the request needs: the longest prompt +
+  ``max_new_tokens`` + the speculative headroom, rounded up to a power of two ≥ 256
+  (``costmodel.buffer_length``).  The buffers' bill (``costmodel.kv_bill``) must fit ``memory_budget`` bytes
+  (default: the device's memory), else a SpecjaxError says which batch would fit.
   """
   if max_new_tokens < 1:
     raise SpecjaxError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -428,20 +462,26 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
-  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
+  encoded = encode_prompts(m, prompts, chat)
+  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
+  nodes = 0 if drafter == "none" else (choice.num_nodes if choice else k)
+  if max_len is None:
+    max_len = costmodel.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(nodes, 0))
   drafter_obj, draft_params, k_max = build_drafter(
       m, drafter, k=choice.num_nodes if choice else k, ngram=ngram, draft_layers=draft_layers, draft=draft,
       depth=choice.shape.max_depth if choice else None,
       max_len=max_len, ngram_caps=ngram_caps)
-  encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
+  check_memory(m, max_len, k_max, batch_size, draft.cfg if drafter == "model" and draft is not None else None,
+               sampling_=temperature > 0, budget=memory_budget)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
   engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len, tree=choice.shape if choice else None)
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
            "load_s": m.load_s + getattr(draft, "load_s", 0.0), "compile_s": 0.0,
-           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "drafter": drafter, "k": k_max,
+           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "max_len": max_len,
+           "drafter": drafter, "k": k_max,
            **tree_stats(choice, k_max, acceptance)}
   totals = None
   for start in range(0, len(encoded), batch_size):

@@ -40,7 +40,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                  help="registry name, a .gguf file, or a Hugging Face safetensors directory")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--max-len", type=int, default=None,
-                 help="KV cache positions per sequence (default 2048)")
+                 help="KV cache positions per sequence (default: generate sizes them to the longest prompt + "
+                      "--max-new-tokens + speculative headroom, rounded up to a power of two; other commands 2048)")
   p.add_argument("--no-compile-cache", action="store_true",
                  help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
 
@@ -160,6 +161,29 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--no-speed", action="store_true", help="skip the greedy speed comparison (acceptance only)")
   e.add_argument("--json", action="store_true")
 
+  cal = sub.add_parser("calibrate", help="measure this machine's roofline (bandwidth, matmul, step floor) for "
+                                         "the cost model; saved in the cache and reused")
+  cal.add_argument("--force", action="store_true", help="measure again even if a calibration exists")
+  cal.add_argument("--out", default=None, help="write the calibration JSON here instead of the cache")
+  cal.add_argument("--json", action="store_true")
+
+  co = sub.add_parser("cost", help="the cost model's prediction: step time, bound, speculative speedup, the KV "
+                                   "bill and the largest batch that fits a memory budget")
+  co.add_argument("--model", default="smollm2-135m", help="registry name or a model path (only its config is read)")
+  co.add_argument("--draft-model", default=None, help="a draft model's config for its step cost and KV")
+  co.add_argument("--device", default=None,
+                  help="a published spec (h100-sxm, h200, a100-sxm-80gb, tpu-v5e) or a calibration JSON; "
+                       "default: this machine, calibrated")
+  co.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  co.add_argument("--batch-size", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+  co.add_argument("--k", type=int, default=4)
+  co.add_argument("--context", type=int, default=256)
+  co.add_argument("--acceptance", type=float, nargs="+", default=[0.6],
+                  help="per-position acceptance α_1 α_2 ... (the last repeats)")
+  co.add_argument("--max-len", type=int, default=2048, help="KV slots per sequence for the bill")
+  co.add_argument("--memory-budget", type=float, default=None, help="GiB for weights + KV (default: the device's)")
+  co.add_argument("--json", action="store_true")
+
   m = sub.add_parser("models", help="list known models and whether each is cached")
   m.add_argument("--json", action="store_true")
 
@@ -233,7 +257,7 @@ def _check_drafter(args) -> None:
     trees = args.tree if isinstance(args.tree, list) else [args.tree]
     for tree in trees:
       acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else args.acceptance
-      api.resolve_tree(tree, acc, drafter=args.drafter, max_len=_max_len(args))
+      api.resolve_tree(tree, acc, drafter=args.drafter, max_len=args.max_len or api.AUTO_MAX_LEN_LIMIT)
 
 
 def _max_len(args) -> int:
@@ -259,7 +283,7 @@ def cmd_generate(args) -> int:
   draft = _load_draft(args)
   outputs, stats = api.generate(m, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                batch_size=args.batch_size, max_len=_max_len(args), progress=True,
+                                batch_size=args.batch_size, max_len=args.max_len, progress=True,
                                 **_drafter_kwargs(args), draft=draft)
   stats.update(_executables())
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
@@ -367,6 +391,69 @@ def cmd_run(args) -> int:
   return 0
 
 
+def cmd_calibrate(args) -> int:
+  from specjax import calibrate
+  rec = calibrate.calibrate(path=args.out, force=args.force, log=_log)
+
+  def human(r):
+    sp, pr = r["spec"], r["probes"]
+    print(f"{sp['name']}\n  stream bandwidth {sp['mem_bandwidth'] / 1e9:.1f} GB/s (raw DRAM probe best "
+          f"{pr['raw_read_gb_per_s']['best']:.1f} GB/s)\n  matmul {sp['peak_flops']['float32'] / 1e9:.1f} "
+          f"GFLOP/s fp32\n  floor {sp['floor_s'] * 1e6:.0f} µs + {sp['floor_per_layer_s'] * 1e6:.1f} µs per layer"
+          f"\n  ridge {sp['peak_flops']['float32'] / sp['mem_bandwidth']:.1f} FLOP/byte")
+  _emit(rec, args.json, human)
+  return 0
+
+
+def _model_config(name: str):
+  from specjax import api, config
+  if name in config.PRESETS:
+    return config.PRESETS[name]
+  return api.load(name).cfg      # a file or directory: its config (the weights load too)
+
+
+def cmd_cost(args) -> int:
+  from specjax import calibrate, costmodel
+  from specjax.errors import SpecjaxError
+  cfg = _model_config(args.model)
+  dcfg = _model_config(args.draft_model) if args.draft_model else None
+  spec = calibrate.load_or_calibrate(args.device, log=_log)
+  if args.k < 0:
+    raise SpecjaxError(f"--k must be >= 0, got {args.k}")
+  budget = args.memory_budget * 2**30 if args.memory_budget else spec.memory_bytes
+  rows = []
+  for B in args.batch_size:
+    plain = costmodel.breakdown(spec, cfg, B, 1, args.context, args.dtype)
+    ver = costmodel.breakdown(spec, cfg, B, args.k + 1, args.context, args.dtype)
+    rows.append({"batch": B, "plain_ms": plain["predicted_s"] * 1e3, "plain_bound": plain["bound"],
+                 "verify_ms": ver["predicted_s"] * 1e3, "verify_bound": ver["bound"],
+                 "tau": costmodel.expected_accepted(args.acceptance, args.k),
+                 "predicted_speedup": costmodel.predicted_speedup(spec, cfg, args.acceptance, args.k, B,
+                                                                  args.context, args.dtype, dcfg)})
+  plain_bill = costmodel.kv_bill(cfg, args.max_len, 0, None, args.dtype)
+  spec_bill = costmodel.kv_bill(cfg, args.max_len, args.k, dcfg, args.dtype)
+  out = {"device": spec.to_dict(), "model": cfg.name, "k": args.k, "acceptance": args.acceptance,
+         "context": args.context, "rows": rows,
+         "crossover_batch": costmodel.crossover_batch(spec, cfg, args.acceptance, args.k, args.batch_size,
+                                                      args.context, args.dtype, dcfg),
+         "memory_budget_bytes": budget, "max_len": args.max_len,
+         "max_batch_plain": costmodel.max_batch(budget, plain_bill),
+         "max_batch_speculative": costmodel.max_batch(budget, spec_bill),
+         "per_seq_bytes_plain": plain_bill.per_seq, "per_seq_bytes_speculative": spec_bill.per_seq}
+
+  def human(o):
+    from specjax.report import print_table
+    print_table(o["rows"], title=f"{o['model']} on {spec.name}: k={o['k']}, context {o['context']}, "
+                                 f"α={o['acceptance']}")
+    print(f"speculation stops paying at batch {o['crossover_batch']}" if o["crossover_batch"] else
+          "speculation pays at every batch size listed")
+    print(f"memory budget {costmodel.fmt_bytes(budget)}, {o['max_len']} slots per sequence: max batch "
+          f"{o['max_batch_plain']} plain ({costmodel.fmt_bytes(plain_bill.per_seq)}/seq), "
+          f"{o['max_batch_speculative']} speculative ({costmodel.fmt_bytes(spec_bill.per_seq)}/seq)")
+  _emit(out, args.json, human)
+  return 0
+
+
 def cmd_models(args) -> int:
   from specjax.checkpoints import drafter_io, list_models
   rows = list_models()
@@ -446,7 +533,8 @@ def cmd_cache(args) -> int:
 
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
-            "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache}
+            "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
+            "calibrate": cmd_calibrate, "cost": cmd_cost}
 
 
 def _error(line: str) -> None:

@@ -95,6 +95,10 @@ def run_from_files(config_files: list[str], bindings: list[str], out: str | None
   from specjax import machine
   result = {"experiment": name, "wall_s": time.perf_counter() - t0, "machine": machine.describe(), **result}
   write_run(out_dir, result, gin.config_str())
+  from experiments import PLOTTERS
+  plotter = next((f for n, f in PLOTTERS.items() if getattr(experiment, "__name__", "") == n), None)
+  if plotter is not None:
+    plotter(result, out_dir)
   result["run_dir"] = str(out_dir)
   return result, out_dir
 

@@ -1,0 +1,144 @@
+"""``specjax calibrate``: measure this machine's roofline for the cost model and save it as JSON.
+
+Three probes, each the best of a few repeats:
+  bandwidth  the read bandwidth a decoding step can reach: the decode matmul kernel (native on the CPU, else
+             XLA) streaming a weight matrix far larger than the caches, one row of x (``bench``'s raw DRAM
+             probes are recorded beside it);
+  matmul     FLOP/s of a compute-bound matmul of decoding's shapes (many rows against a weight matrix);
+  floor      a step's fixed cost: a tiny model (width 64) decoding one token at two depths, so that the floor
+             is a + b · layers (dispatch, the sampling tail, per-kernel launches).
+
+The result is a ``costmodel.DeviceSpec`` named after the machine, saved under the specjax cache
+(``calibration/<machine tag>.json``) and reused by later runs on the same machine unless ``--force``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import cache_location, config, costmodel, decode, kv_cache, machine, model
+from specjax.kernels import cpu_matmul
+
+
+def _best_seconds(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def probe_stream(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+  """Bytes/s the decode matmul reaches streaming a [N, 1024] fp32 weight against one row."""
+  D = 1024
+  N = nbytes // (4 * D)
+  w = jnp.ones((N, D), jnp.float32) * 0.5
+  x = jnp.ones((1, D), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t)
+  return N * D * 4 / _best_seconds(lambda: f(x, w), repeats)
+
+
+def probe_matmul(M: int = 512, D: int = 1024, N: int = 4096, repeats: int = 5) -> float:
+  """FLOP/s of x[M, D] · w[N, D]ᵀ (compute-bound at this M)."""
+  x = jnp.ones((M, D), jnp.float32)
+  w = jnp.ones((N, D), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t)
+  return 2 * M * D * N / _best_seconds(lambda: f(x, w), repeats)
+
+
+def _tiny_step_seconds(num_layers: int, repeats: int) -> float:
+  cfg = config.TINY.replace(name="calib", num_layers=num_layers, d_model=64, num_heads=4, num_kv_heads=2,
+                            head_dim=16, ffn_dim=128, vocab_size=256)
+  params = model.init_params(cfg, jax.random.PRNGKey(0))
+  if jax.default_backend() == "cpu":
+    params = model.unstack_layers(params)
+  cache = kv_cache.init_cache(cfg, 1, 256)
+  cache = cache.with_lengths(jnp.full((1,), 64, jnp.int32))
+  tok = jnp.zeros((1, 1), jnp.int32)
+  pos = jnp.full((1, 1), 64, jnp.int32)
+
+  @jax.jit
+  def step(params, cache):
+    out = decode.windowed_forward(params, cfg, tok, pos, cache, buckets=decode.kv_buckets(256))
+    return jnp.argmax(out.logits[:, -1], -1), out.cache.k.sum()
+
+  return _best_seconds(lambda: step(params, cache), repeats)
+
+
+def probe_floor(repeats: int = 30, depths: tuple[int, int] = (2, 32)) -> tuple[float, float]:
+  """(a, b): a tiny model's step takes a + b · layers seconds."""
+  lo, hi = depths
+  t_lo, t_hi = _tiny_step_seconds(lo, repeats), _tiny_step_seconds(hi, repeats)
+  b = max((t_hi - t_lo) / (hi - lo), 0.0)
+  return max(t_lo - b * lo, 0.0), b
+
+
+def machine_tag(d: dict | None = None) -> str:
+  d = d or machine.describe()
+  raw = f"{d['cpu']}-{d['cores']}c-{d['kernel_path']}-{d['backend']}"
+  return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in raw)[:120]
+
+
+def default_path() -> Path:
+  return cache_location.cache_dir() / "calibration" / f"{machine_tag()}.json"
+
+
+def calibrate(path: str | None = None, force: bool = False, log=print, quick: bool = False) -> dict:
+  """Measure (or reuse) this machine's spec; returns {"spec": DeviceSpec dict, "probes": ..., "machine": ...}."""
+  out = Path(path) if path else default_path()
+  if out.is_file() and not force:
+    try:
+      rec = json.loads(out.read_text(encoding="utf-8"))
+      costmodel.DeviceSpec.from_dict(rec["spec"])
+      log(f"[calibrate] reusing {out} (--force measures again)")
+      return rec
+    except (ValueError, KeyError, TypeError):
+      log(f"[calibrate] {out} is damaged: measuring again")
+  from specjax import bench
+  desc = machine.describe()
+  log(f"[calibrate] {machine.short(desc)}: bandwidth probe…")
+  reps = 2 if quick else 5
+  raw = bench.measure_read_bandwidth(nbytes=(256 << 20) if quick else (1 << 30), repeats=reps)
+  stream = probe_stream(nbytes=(128 << 20) if quick else (512 << 20), repeats=reps)
+  log(f"[calibrate] stream {stream / 1e9:.1f} GB/s (raw DRAM probes best {raw['best']:.1f} GB/s); matmul probe…")
+  flops = probe_matmul(repeats=reps)
+  log(f"[calibrate] matmul {flops / 1e9:.1f} GFLOP/s; floor probe…")
+  a, b = probe_floor(repeats=10 if quick else 30)
+  log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer")
+  mem = _memory_bytes()
+  spec = costmodel.DeviceSpec(
+      name=f"calibrated:{machine_tag(desc)}", peak_flops={"float32": flops}, mem_bandwidth=stream,
+      memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b,
+      source=f"specjax calibrate on {machine.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+  rec = {"spec": spec.to_dict(), "machine": desc,
+         "probes": {"stream_bytes_per_s": stream, "raw_read_gb_per_s": raw, "matmul_flops": flops,
+                    "floor_s": a, "floor_per_layer_s": b}}
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_suffix(".tmp")
+  tmp.write_text(json.dumps(rec, indent=2), encoding="utf-8")
+  tmp.replace(out)
+  log(f"[calibrate] saved {out}")
+  return rec
+
+
+def load_or_calibrate(device: str | None = None, log=print) -> costmodel.DeviceSpec:
+  """The spec to predict with: a published device by name, a calibration file by path, or (None) this
+  machine's calibration (measured now if there is none yet)."""
+  if device:
+    return costmodel.device_spec(device)
+  return costmodel.DeviceSpec.from_dict(calibrate(log=log)["spec"])
+
+
+def _memory_bytes() -> float:
+  try:
+    import os
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  except (ValueError, OSError, AttributeError):
+    return float(np.nan)

@@ -1,0 +1,340 @@
+"""The roofline cost model: what a forward costs, what speculation buys, and what the KV cache bills.
+
+A decoding step of B sequences × T new tokens each (T = 1 plain, k + 1 for a chain, a tree's N + 1) at a
+context of C committed tokens:
+
+  FLOPs  = matmuls 2·B·T·(per-layer weights)·L + attention 4·B·H·E·Σ_t (C + t + 1) per layer + head 2·B·T·D·V
+  bytes  = every weight once per pass + the KV window read (C + T slots) + the new K/V written + token rows
+  time   = max(FLOPs ÷ peak, bytes ÷ bandwidth) + floor
+
+Below the ridge point (arithmetic intensity = FLOPs ÷ bytes < peak ÷ bandwidth) the step is memory-bound: its
+time hardly moves with T, so verifying k drafts costs about one plain step and speculation pays.  Above it
+(large B·T) the step is compute-bound and each drafted row costs real time: speculation becomes a loss.
+
+``DeviceSpec`` holds a machine's numbers: published ones for common accelerators (``DEVICES``), or this
+machine's, measured by ``calibrate`` (a bandwidth probe, a matmul probe and the floor of a tiny model's step)
+and saved as JSON under the specjax cache.  ``predicted_speedup`` combines the cost with a drafter's
+per-position acceptance; ``kv_bill`` / ``max_batch`` size the KV memory with and without speculation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Sequence
+
+from specjax.config import ModelConfig
+from specjax.errors import SpecjaxError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Devices
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+  """A device's roofline: peak FLOP/s per dtype, memory bandwidth, memory size, interconnect, step floor."""
+  name: str
+  peak_flops: dict                 # dtype name → FLOP/s (dense)
+  mem_bandwidth: float             # bytes/s (device memory, or DRAM read bandwidth on a CPU)
+  memory_bytes: float              # device memory (or the RAM a CPU process may use)
+  interconnect_bandwidth: float = 0.0   # bytes/s per chip and direction (NVLink, ICI); 0: single device
+  floor_s: float = 0.0             # fixed cost of a step (dispatch, launches, the sampling tail)
+  floor_per_layer_s: float = 0.0   # and per layer (kernel launches, small ops)
+  source: str = ""                 # where the numbers come from
+
+  def peak(self, dtype: str) -> float:
+    if dtype not in self.peak_flops or not self.peak_flops[dtype]:
+      raise SpecjaxError(f"device '{self.name}' has no peak FLOP/s for {dtype} (it lists "
+                         f"{', '.join(sorted(self.peak_flops))}): choose one of those dtypes")
+    return float(self.peak_flops[dtype])
+
+  def ridge(self, dtype: str) -> float:
+    """Arithmetic intensity (FLOP/byte) at which a step turns from memory-bound to compute-bound."""
+    return self.peak(dtype) / self.mem_bandwidth
+
+  def floor(self, num_layers: int) -> float:
+    return self.floor_s + self.floor_per_layer_s * num_layers
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "DeviceSpec":
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
+
+
+T_ = 1e12
+G_ = 1e9
+# Published datasheet numbers (dense, no sparsity).  Floors are typical per-step launch overheads of a
+# jitted decode step on these devices (a few µs per layer), not datasheet values.
+DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
+    DeviceSpec("h100-sxm", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
+               3.35 * T_, 80 * G_, 450 * G_, 20e-6, 4e-6,
+               "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 3.35 TB/s HBM3, "
+               "NVLink 900 GB/s bidirectional"),
+    DeviceSpec("h200", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
+               4.8 * T_, 141 * G_, 450 * G_, 20e-6, 4e-6,
+               "NVIDIA H200 SXM datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 4.8 TB/s HBM3e, 141 GB, "
+               "NVLink 900 GB/s bidirectional"),
+    DeviceSpec("a100-sxm-80gb", {"bfloat16": 312 * T_, "float16": 312 * T_, "float32": 19.5 * T_},
+               2.039 * T_, 80 * G_, 300 * G_, 20e-6, 5e-6,
+               "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e, "
+               "NVLink 600 GB/s bidirectional"),
+    DeviceSpec("tpu-v5e", {"bfloat16": 197 * T_},
+               0.819 * T_, 16 * G_, 200 * G_, 20e-6, 4e-6,
+               "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GB, ICI 1,600 Gbps"),
+)}
+
+
+def device_spec(name: str) -> DeviceSpec:
+  """A published spec by name, or a calibration JSON by path."""
+  if name in DEVICES:
+    return DEVICES[name]
+  p = Path(name).expanduser()
+  if p.is_file():
+    return load_spec(p)
+  raise SpecjaxError(f"unknown device '{name}': choose one of {', '.join(DEVICES)}, or give the path of a "
+                     "calibration JSON (specjax calibrate)")
+
+
+def load_spec(path) -> DeviceSpec:
+  try:
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    return DeviceSpec.from_dict(d["spec"] if "spec" in d else d)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise SpecjaxError(f"cannot read the device calibration {path}: {e} — run `specjax calibrate` again") from e
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What a step costs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+  flops: float
+  weight_bytes: float
+  kv_read_bytes: float
+  kv_write_bytes: float
+  other_bytes: float       # token embedding rows, logits written
+
+  @property
+  def bytes(self) -> float:
+    return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.other_bytes
+
+  @property
+  def intensity(self) -> float:
+    return self.flops / self.bytes
+
+
+def layer_weight_count(cfg: ModelConfig) -> int:
+  """Matrix entries of one decoder layer (q, k, v, o, gate, up, down); norms and biases are counted in
+  ``layer_param_count``."""
+  D, H, K, E, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim
+  return D * (H + 2 * K) * E + H * E * D + 3 * D * F
+
+
+def layer_param_count(cfg: ModelConfig) -> int:
+  extra = 2 * cfg.d_model + ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0)
+  return layer_weight_count(cfg) + extra
+
+
+def attended_slots(T: int, context: int) -> int:
+  """Σ over the T new rows of the slots each attends to: row t sees the C committed slots and t + 1 new ones
+  (a causal block; a tree's rows see their ancestors only, fewer — this is the upper bound a dense kernel
+  computes)."""
+  return T * context + T * (T + 1) // 2
+
+
+def layer_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int = 4,
+               kv_dtype_bytes: int | None = None) -> StepCost:
+  """One decoder layer over B × T new tokens at ``context`` committed tokens."""
+  kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  flops = 2 * B * T * layer_weight_count(cfg) + 4 * B * H * E * attended_slots(T, context)
+  return StepCost(flops=float(flops), weight_bytes=float(layer_param_count(cfg) * dtype_bytes),
+                  kv_read_bytes=float(B * (context + T) * 2 * K * E * kvb),
+                  kv_write_bytes=float(B * T * 2 * K * E * kvb), other_bytes=0.0)
+
+
+def step_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int = 4,
+              kv_dtype_bytes: int | None = None, head_rows: int | None = None) -> StepCost:
+  """A whole forward: L layers, the final norm, the head over ``head_rows`` rows (default B·T; prefill
+  needs only B), the embedding rows read and the fp32 logits written."""
+  lay = layer_cost(cfg, B, T, context, dtype_bytes, kv_dtype_bytes)
+  L, D, V = cfg.num_layers, cfg.d_model, cfg.vocab_size
+  rows = B * T if head_rows is None else head_rows
+  head_bytes = V * D * dtype_bytes * (1 if cfg.tie_embeddings else 2)   # tied: the embedding is the head
+  return StepCost(flops=L * lay.flops + 2.0 * rows * D * V,
+                  weight_bytes=L * lay.weight_bytes + head_bytes + D * dtype_bytes,
+                  kv_read_bytes=L * lay.kv_read_bytes, kv_write_bytes=L * lay.kv_write_bytes,
+                  other_bytes=float(B * T * D * dtype_bytes + rows * V * 4))
+
+
+def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
+              kv_dtype: str | None = None, comm_bytes: float = 0.0) -> float:
+  """Predicted seconds for one forward: max(compute, memory) + communication + floor."""
+  c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
+  comm = comm_bytes / spec.interconnect_bandwidth if comm_bytes and spec.interconnect_bandwidth else 0.0
+  return max(c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth) + comm + spec.floor(cfg.num_layers)
+
+
+def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32") -> dict:
+  """The numbers behind ``step_time``, for tables and plots."""
+  c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype])
+  compute_s, memory_s = c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth
+  return {"B": B, "T": T, "context": context, "flops": c.flops, "bytes": c.bytes,
+          "intensity": c.intensity, "ridge": spec.ridge(dtype), "compute_s": compute_s, "memory_s": memory_s,
+          "floor_s": spec.floor(cfg.num_layers), "bound": "compute" if compute_s > memory_s else "memory",
+          "predicted_s": step_time(spec, cfg, B, T, context, dtype)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What speculation buys
+
+
+def expected_accepted(acceptance_by_position: Sequence[float], k: int) -> float:
+  """τ(k) = 1 + Σ_{i ≤ k} Π_{j ≤ i} α_j: tokens committed per chain iteration, where α_j is the probability
+  that draft j is accepted given drafts 1..j−1 were (the engine's ``acceptance_by_position``).  Positions
+  past the measured ones repeat the last measured rate."""
+  if k <= 0:
+    return 1.0
+  alphas = list(acceptance_by_position) or [0.0]
+  tau, p = 1.0, 1.0
+  for i in range(k):
+    p *= min(max(float(alphas[min(i, len(alphas) - 1)]), 0.0), 1.0)
+    tau += p
+  return tau
+
+
+def draft_time(spec: DeviceSpec, draft_cfg: ModelConfig | None, B: int, k: int, context: int,
+               dtype: str = "float32", per_draft_s: float | None = None) -> float:
+  """The drafter's cost for a chain of k: a measured per-draft time if given, else k + 1 single-row forwards
+  of the draft model (the root forward reads two tokens), or nothing for a free drafter (n-gram)."""
+  if k <= 0:
+    return 0.0
+  if per_draft_s is not None:
+    return per_draft_s * k
+  if draft_cfg is None:
+    return 0.0
+  return step_time(spec, draft_cfg, B, 2, context, dtype) + (k - 1) * step_time(spec, draft_cfg, B, 1, context,
+                                                                                dtype)
+
+
+def iteration_time(spec: DeviceSpec, cfg: ModelConfig, B: int, k: int, context: int, dtype: str = "float32",
+                   draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> float:
+  """One speculative iteration with a chain of k (k = 0: a plain step)."""
+  return step_time(spec, cfg, B, k + 1, context, dtype) + draft_time(spec, draft_cfg, B, k, context, dtype,
+                                                                      per_draft_s)
+
+
+def predicted_speedup(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
+                      B: int = 1, context: int = 256, dtype: str = "float32",
+                      draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> float:
+  """Committed tokens per second with speculation ÷ without: τ(k) · t_plain ÷ t_iteration(k)."""
+  plain = step_time(spec, cfg, B, 1, context, dtype)
+  return expected_accepted(acceptance_by_position, k) * plain / iteration_time(
+      spec, cfg, B, k, context, dtype, draft_cfg, per_draft_s)
+
+
+def crossover_batch(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
+                    batches: Sequence[int], context: int = 256, dtype: str = "float32",
+                    draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> int | None:
+  """The smallest batch of ``batches`` at which speculation with k no longer pays (predicted speedup < 1);
+  None if it pays at every one."""
+  for B in sorted(batches):
+    if predicted_speedup(spec, cfg, acceptance_by_position, k, B, context, dtype, draft_cfg, per_draft_s) < 1.0:
+      return B
+  return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The KV memory bill
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int = 4) -> int:
+  return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * kv_dtype_bytes
+
+
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4) -> int:
+  return cfg.param_count() * dtype_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class KVBill:
+  """Memory per sequence and in total for a batch: weights are paid once, the rest per sequence."""
+  target_kv_per_seq: int        # target K/V for max_len slots (prompt + new tokens + speculative headroom)
+  draft_kv_per_seq: int         # the draft model's own K/V (0 for n-gram, layer-skip shares nothing)
+  workspace_per_seq: int        # logits of the verified rows (fp32) and, when sampling, q over the vocabulary
+  weights: int                  # target + draft weights
+
+  @property
+  def per_seq(self) -> int:
+    return self.target_kv_per_seq + self.draft_kv_per_seq + self.workspace_per_seq
+
+  def total(self, B: int) -> int:
+    return self.weights + B * self.per_seq
+
+
+def kv_bill(cfg: ModelConfig, max_len: int, nodes: int = 0, draft_cfg: ModelConfig | None = None,
+            dtype: str = "float32", sampling: bool = False) -> KVBill:
+  """The bill for buffers of ``max_len`` slots, verifying ``nodes`` drafts per step (0: no speculation).
+
+  A speculative step writes the N + 1 rows of its tree past the committed length before it knows how many
+  it keeps, so each sequence needs N + 1 slots of headroom beyond its longest committed length; the draft
+  model needs the same in its own cache."""
+  b = DTYPE_BYTES[dtype]
+  head = nodes + 1 if nodes else 0
+  target_kv = kv_bytes_per_token(cfg, b) * (max_len + head)
+  draft_kv = kv_bytes_per_token(draft_cfg, b) * (max_len + head) if (draft_cfg is not None and nodes) else 0
+  rows = nodes + 1
+  workspace = rows * cfg.vocab_size * 4 * (2 if sampling and nodes else 1)
+  weights = weight_bytes(cfg, b) + (weight_bytes(draft_cfg, b) if (draft_cfg is not None and nodes) else 0)
+  return KVBill(target_kv, draft_kv, workspace, weights)
+
+
+def max_batch(budget_bytes: float, bill: KVBill) -> int:
+  """The largest batch whose weights + per-sequence bill fit ``budget_bytes`` (0 if not even one does)."""
+  return max(0, int((budget_bytes - bill.weights) // bill.per_seq))
+
+
+def check_budget(budget_bytes: float, bill: KVBill, B: int, what: str = "") -> None:
+  """Refuse a configuration whose buffers would not fit, naming the numbers and the ways out."""
+  need = bill.total(B)
+  if need > budget_bytes:
+    fits = max_batch(budget_bytes, bill)
+    raise SpecjaxError(
+        f"{what + ': ' if what else ''}batch {B} needs {need / 2**30:.2f} GiB (weights "
+        f"{bill.weights / 2**30:.2f} GiB + {B} × {bill.per_seq / 2**20:.1f} MiB per sequence) but the memory "
+        f"budget is {budget_bytes / 2**30:.2f} GiB: at most batch {fits} fits — lower --batch-size, "
+        "--max-len or the node budget, or raise --memory-budget")
+
+
+def round_up_bucket(n: int, smallest: int = 256) -> int:
+  """The buffer size for n slots: powers of two from ``smallest``, so nearby requests share executables."""
+  b = smallest
+  while b < n:
+    b *= 2
+  return b
+
+
+def buffer_length(longest_prompt: int, max_new_tokens: int, nodes: int = 0, smallest: int = 256) -> int:
+  """Default KV buffer length: the longest prompt + new tokens + speculative headroom (N + 2 slots: the
+  tree's N + 1 rows past the last committed token, which itself sits one past the length), to a bucket."""
+  need = longest_prompt + max_new_tokens + (nodes + 2 if nodes else 1)
+  return round_up_bucket(need, smallest)
+
+
+def fmt_bytes(n: float) -> str:
+  for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= size:
+      return f"{n / size:.2f} {unit}"
+  return f"{int(n)} B"
+
+
+def fmt_time(s: float) -> str:
+  return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
+

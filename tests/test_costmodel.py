@@ -1,0 +1,170 @@
+"""The cost model: hand-counted FLOPs and bytes, τ and predicted speedup, the KV bill and its refusals, buffer
+sizing, calibration reuse, and the `specjax cost` / `calibrate` commands."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import api, bench, calibrate, config, costmodel, kv_cache, model
+from specjax.errors import SpecjaxError
+
+CFG = config.ModelConfig(name="hand", vocab_size=100, num_layers=3, d_model=32, num_heads=4, num_kv_heads=2,
+                         head_dim=8, ffn_dim=64)
+
+
+def test_one_layer_flops_and_bytes_equal_a_hand_count():
+  # Weights of one layer: q 32×32, k and v 32×16 each, o 32×32, gate and up 32×64 each, down 64×32.
+  weights = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 2 * 32 * 64 + 64 * 32        # = 9216
+  assert costmodel.layer_weight_count(CFG) == weights == 9216
+  B, T, C = 2, 3, 5
+  # Matmuls: 2 FLOPs per weight per token row, 6 rows.
+  matmul = 2 * 6 * 9216                                                    # = 110592
+  # Attention per sequence and head: row t sees C + t + 1 slots → 6 + 7 + 8 = 21 scores; each score costs
+  # E multiply-adds for q·k and E for p·v: 4·E FLOPs; 2 sequences × 4 heads.
+  attention = 2 * 4 * 21 * 4 * 8                                           # = 5376
+  c = costmodel.layer_cost(CFG, B, T, C, dtype_bytes=4)
+  assert c.flops == matmul + attention == 115968
+  # Bytes: the weights and the two 32-wide norms once; K/V of C + T slots read, T slots written (2 kv heads
+  # × 8 dims × k and v × 4 bytes = 128 bytes a slot per sequence).
+  assert c.weight_bytes == (9216 + 64) * 4 == 37120
+  assert c.kv_read_bytes == 2 * (5 + 3) * 128 == 2048
+  assert c.kv_write_bytes == 2 * 3 * 128 == 768
+  # The whole step adds L layers, the tied head (100 × 32) over all 6 rows and its fp32 logits.
+  s = costmodel.step_cost(CFG, B, T, C)
+  assert s.flops == 3 * 115968 + 2 * 6 * 32 * 100
+  assert s.weight_bytes == 3 * 37120 + 100 * 32 * 4 + 32 * 4
+  assert s.other_bytes == 6 * 32 * 4 + 6 * 100 * 4
+
+
+def test_flop_count_agrees_with_xla_on_the_xla_path(monkeypatch):
+  """XLA's own count of the compiled forward (matmuls dominate at this width) agrees within 10%."""
+  monkeypatch.setenv("SPECJAX_NATIVE", "0")
+  cfg = config.TINY.replace(num_layers=2, d_model=256, num_heads=4, num_kv_heads=2, head_dim=64, ffn_dim=768,
+                            vocab_size=512)
+  params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))   # unrolled: XLA counts a
+  B, T, C = 2, 8, 24                                                                # scan's body only once
+  cache = kv_cache.init_cache(cfg, B, 64).with_lengths(jnp.full((B,), C, jnp.int32))
+  toks = jnp.zeros((B, T), jnp.int32)
+  pos = jnp.broadcast_to(C + jnp.arange(T), (B, T)).astype(jnp.int32)
+  from specjax.kernels import cpu_matmul, native
+  monkeypatch.setattr(native, "available", lambda: False)
+  monkeypatch.setattr(cpu_matmul, "available", lambda: False)
+  f = jax.jit(lambda p, c: model.forward(p, cfg, toks, pos, c, kv_window=32).logits)
+  analysis = f.lower(params, cache).compile().cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, list) else analysis
+  xla_flops = analysis["flops"]
+  ours = costmodel.step_cost(cfg, B, T, C).flops
+  assert abs(xla_flops / ours - 1) < 0.10, (xla_flops, ours)
+
+
+def test_expected_accepted_and_speedup():
+  assert costmodel.expected_accepted([1.0], 4) == 5.0
+  assert costmodel.expected_accepted([0.5], 2) == pytest.approx(1.75)
+  assert costmodel.expected_accepted([0.8, 0.5], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+  assert costmodel.expected_accepted([0.9], 0) == 1.0
+  spec = costmodel.DeviceSpec("toy", {"float32": 100e9}, 20e9, 16e9)
+  cfg = config.SMOLLM2_135M
+  # Memory-bound at batch 1: k + 1 rows cost about one row, so speedup ≈ τ.
+  s1 = costmodel.predicted_speedup(spec, cfg, [0.7], 4, B=1)
+  assert 1.5 < s1 <= costmodel.expected_accepted([0.7], 4)
+  # Compute-bound at a large batch: five rows cost five times one; speculation loses.
+  s64 = costmodel.predicted_speedup(spec, cfg, [0.7], 4, B=64)
+  assert s64 < 1.0
+  cross = costmodel.crossover_batch(spec, cfg, [0.7], 4, [1, 2, 4, 8, 16, 32, 64])
+  assert cross is not None and costmodel.predicted_speedup(spec, cfg, [0.7], 4, B=cross) < 1.0
+  smaller = [b for b in [1, 2, 4, 8, 16, 32, 64] if b < cross]
+  assert all(costmodel.predicted_speedup(spec, cfg, [0.7], 4, B=b) >= 1.0 for b in smaller)
+  # The bound flips where the arithmetic intensity passes the ridge.
+  lo, hi = costmodel.breakdown(spec, cfg, 1, 1, 128), costmodel.breakdown(spec, cfg, 64, 16, 128)
+  assert lo["bound"] == "memory" and lo["intensity"] < spec.ridge("float32")
+  assert hi["bound"] == "compute" and hi["intensity"] > spec.ridge("float32")
+
+
+def test_published_devices_and_errors():
+  h200 = costmodel.device_spec("h200")
+  assert h200.mem_bandwidth == 4.8e12 and h200.peak("bfloat16") == 989e12
+  assert costmodel.step_time(h200, config.SMOLLM2_135M, 1, 1, 128, "bfloat16") < costmodel.step_time(
+      costmodel.device_spec("a100-sxm-80gb"), config.SMOLLM2_135M, 1, 1, 128, "bfloat16")
+  with pytest.raises(SpecjaxError, match="unknown device 'nope'"):
+    costmodel.device_spec("nope")
+  with pytest.raises(SpecjaxError, match="no peak FLOP/s for float32"):
+    costmodel.device_spec("tpu-v5e").peak("float32")
+
+
+def test_kv_bill_max_batch_and_refusal():
+  cfg = config.SMOLLM2_135M
+  per_token = 30 * 2 * 3 * 64 * 4                      # layers × (k, v) × kv heads × head dim × fp32
+  assert costmodel.kv_bytes_per_token(cfg) == per_token == 46080
+  plain = costmodel.kv_bill(cfg, 1024, nodes=0)
+  specb = costmodel.kv_bill(cfg, 1024, nodes=4, draft_cfg=config.TINY)
+  assert plain.target_kv_per_seq == per_token * 1024
+  assert specb.target_kv_per_seq == per_token * (1024 + 5)          # N + 1 slots of speculative headroom
+  assert specb.draft_kv_per_seq == costmodel.kv_bytes_per_token(config.TINY) * (1024 + 5)
+  assert specb.weights == (cfg.param_count() + config.TINY.param_count()) * 4
+  budget = 4 * 2**30
+  bp, bs = costmodel.max_batch(budget, plain), costmodel.max_batch(budget, specb)
+  assert bp >= bs > 0
+  assert plain.total(bp) <= budget < plain.total(bp + 1)
+  costmodel.check_budget(budget, plain, bp)
+  with pytest.raises(SpecjaxError, match=f"at most batch {bp} fits"):
+    costmodel.check_budget(budget, plain, bp + 1)
+
+
+def test_buffer_length_buckets():
+  assert costmodel.buffer_length(20, 64) == 256
+  assert costmodel.buffer_length(200, 50, nodes=4) == 256        # 200 + 50 + 6 = 256
+  assert costmodel.buffer_length(200, 51, nodes=4) == 512
+  assert costmodel.buffer_length(900, 128, nodes=31) == 2048
+
+
+def test_calibration_is_saved_and_reused(tmp_path, monkeypatch):
+  monkeypatch.setattr(calibrate, "probe_stream", lambda nbytes, repeats: 12.5e9)
+  monkeypatch.setattr(calibrate, "probe_matmul", lambda repeats: 100e9)
+  monkeypatch.setattr(bench, "measure_read_bandwidth", lambda nbytes, repeats: {"best": 20.0})
+  out = tmp_path / "cal.json"
+  rec = calibrate.calibrate(path=str(out), log=lambda m: None, quick=True)
+  spec = costmodel.load_spec(out)
+  assert spec.mem_bandwidth == 12.5e9 and spec.peak("float32") == 100e9
+  assert 0 <= spec.floor_s < 0.05 and 0 <= spec.floor_per_layer_s < 0.01
+  assert rec["probes"]["raw_read_gb_per_s"]["best"] == 20.0
+  monkeypatch.setattr(calibrate, "probe_matmul", lambda repeats: pytest.fail("reused calibration re-measured"))
+  logs = []
+  assert calibrate.calibrate(path=str(out), log=logs.append)["spec"] == rec["spec"]
+  assert any("reusing" in m for m in logs)
+  out.write_text("{not json")
+  with pytest.raises(SpecjaxError, match="calibrate"):
+    costmodel.load_spec(out)
+
+
+def test_cost_command(capsys):
+  from specjax import cli
+  assert cli.main(["cost", "--device", "h200", "--dtype", "bfloat16", "--k", "4", "--acceptance", "0.8",
+                   "--batch-size", "1", "256", "4096", "--context", "16", "--max-len", "4096", "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert [r["batch"] for r in out["rows"]] == [1, 256, 4096]
+  assert out["rows"][0]["predicted_speedup"] > 1 > out["rows"][-1]["predicted_speedup"]
+  assert out["crossover_batch"] in (256, 4096)
+  assert out["max_batch_plain"] >= out["max_batch_speculative"] > 0
+  assert cli.main(["cost", "--device", "nope"]) == 2
+  assert "unknown device 'nope'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  from tests.test_checkpoints import CFG as TINY_CFG, random_hf_params, write_gguf
+  path = write_gguf(tmp_path_factory.mktemp("cost") / "tiny.gguf", TINY_CFG, random_hf_params(TINY_CFG, seed=3))
+  return api.load(str(path))
+
+
+def test_generate_sizes_buffers_to_the_request_and_refuses_what_does_not_fit(tiny):
+  _, st = api.generate(tiny, ["hello there"], max_new_tokens=5)
+  assert st["max_len"] == 256                               # short prompt + 5 tokens: the smallest bucket
+  _, st = api.generate(tiny, ["hello there"], max_new_tokens=300, drafter="ngram", k=4, ignore_eos=True)
+  assert st["max_len"] == 512 and st["new_tokens"] == 300   # prompt + 300 + headroom > 256
+  _, st = api.generate(tiny, ["hello there"], max_new_tokens=5, max_len=128)
+  assert st["max_len"] == 128                               # an explicit size is kept
+  with pytest.raises(SpecjaxError, match=r"batch 64 needs .* at most batch \d+ fits"):
+    api.generate(tiny, ["hello"] * 64, max_new_tokens=5, batch_size=64, max_len=1 << 16,
+                 memory_budget=64 * 2**20)
