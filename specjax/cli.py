@@ -67,6 +67,43 @@ def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = 
                  help="--drafter layerskip: a count L (the first L layers) or indices like 0,1,2,5")
 
 
+def _add_serving(p: argparse.ArgumentParser) -> None:
+  from specjax.serving.policies import POLICIES
+  p.add_argument("--k", type=int, default=4, help="k for --policy fixed and off-above")
+  p.add_argument("--policy", default="fixed", choices=POLICIES,
+                 help="fixed k; off-above (k up to --max-batch live sequences, else 0); adaptive (smoothed "
+                      "acceptance moves k); goodput (the cost model's best k, per sequence)")
+  p.add_argument("--buckets", default="0,1,2,4,8", help="compiled k values for adaptive and goodput")
+  p.add_argument("--max-batch", type=int, default=4, help="--policy off-above: speculate up to this many")
+  p.add_argument("--slots", type=int, default=8, help="sequences decoded at once (fixed KV buffers)")
+  p.add_argument("--device", default=None, help="cost model for --policy goodput: a published spec or a "
+                                               "calibration JSON (default: this machine, calibrated)")
+  p.add_argument("--seed", type=int, default=0)
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+  from specjax.errors import SpecjaxError
+  try:
+    vals = tuple(sorted({int(x) for x in str(text).split(",") if x.strip()}))
+  except ValueError:
+    raise SpecjaxError(f"--buckets must be comma-separated k values like 0,1,2,4,8, got {text!r}") from None
+  if not vals or min(vals) < 0:
+    raise SpecjaxError(f"--buckets must be k values >= 0, got {text!r}")
+  return vals
+
+
+def _serving_engine(args, m, max_len: int):
+  from specjax import calibrate
+  from specjax.serving import factory
+  draft = _load_draft(args)
+  spec = calibrate.load_or_calibrate(args.device, log=_log) if args.policy == "goodput" else None
+  return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=_buckets(args.buckets),
+                              slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
+                              draft=draft, draft_layers=args.draft_layers, seed=args.seed,
+                              **({"ngram": args.ngram, "ngram_caps": _ngram_caps(args.ngram_caps)}
+                                 if args.drafter == "ngram" else {}))
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="specjax", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +220,21 @@ def build_parser() -> argparse.ArgumentParser:
   co.add_argument("--max-len", type=int, default=2048, help="KV slots per sequence for the bill")
   co.add_argument("--memory-budget", type=float, default=None, help="GiB for weights + KV (default: the device's)")
   co.add_argument("--json", action="store_true")
+
+  ss = sub.add_parser("serve-sim", help="the continuous-batching engine in process on a request trace (Poisson "
+                                        "at --rate, or --trace FILE): throughput, time to first token, "
+                                        "inter-token latency percentiles and the k chosen over time")
+  _add_model(ss)
+  _add_drafter(ss, trees=False, default="ngram")
+  _add_serving(ss)
+  ss.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson; 0: all at once)")
+  ss.add_argument("--requests", type=int, default=16)
+  ss.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
+  ss.add_argument("--prompts", default="specjax-prompts", help="prompt file for the Poisson trace")
+  ss.add_argument("--category", action="append", default=None)
+  ss.add_argument("--max-new-tokens", type=int, default=64)
+  ss.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
+  ss.add_argument("--json", action="store_true")
 
   m = sub.add_parser("models", help="list known models and whether each is cached")
   m.add_argument("--json", action="store_true")
@@ -454,6 +506,45 @@ def cmd_cost(args) -> int:
   return 0
 
 
+def cmd_serve_sim(args) -> int:
+  from specjax import costmodel
+  from specjax.prompts import load_prompts
+  from specjax.serving import batcher as bt, trace as trace_lib
+  _check_drafter(args)
+  if args.trace:
+    reqs = trace_lib.load(args.trace, args.max_new_tokens)
+  else:
+    prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+    reqs = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_new_tokens)
+  m = _load(args)
+  encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in reqs]
+  longest = max(len(e) for e in encoded)
+  max_len = args.max_len or costmodel.buffer_length(longest, max(r["max_tokens"] for r in reqs),
+                                                    max(_buckets(args.buckets) + (args.k,)))
+  eng = _serving_engine(args, m, max_len)
+  _log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, buckets {eng.buckets}: "
+       "compiling…")
+  _log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
+  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"]) for i, (e, r) in enumerate(zip(encoded, reqs))]
+  rep = eng.run(requests, log=_log)
+  rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
+              "rate": args.rate if not args.trace else None, "buckets": list(eng.buckets)})
+  if args.plot:
+    from specjax.serving import plots
+    plots.k_over_time(rep, args.plot)
+
+  def human(r):
+    print(f"{r['served']}/{r['requests']} served ({r['refused']} refused) in {r['wall_s']:.1f}s: "
+          f"{r['tokens_per_s']:.1f} tok/s, mean k {r['mean_k']:.2f}, mean live {r['mean_live']:.1f}")
+    for name in ("ttft_s", "itl_s", "token_gap_s"):
+      q = r[name]
+      if q["p50"] is not None:
+        print(f"  {name[:-2]:10s} p50 {q['p50'] * 1e3:8.1f} ms  p90 {q['p90'] * 1e3:8.1f} ms  "
+              f"p99 {q['p99'] * 1e3:8.1f} ms")
+  _emit(rep, args.json, human)
+  return 0
+
+
 def cmd_models(args) -> int:
   from specjax.checkpoints import drafter_io, list_models
   rows = list_models()
@@ -534,7 +625,7 @@ def cmd_cache(args) -> int:
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
             "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
-            "calibrate": cmd_calibrate, "cost": cmd_cost}
+            "calibrate": cmd_calibrate, "cost": cmd_cost, "serve-sim": cmd_serve_sim}
 
 
 def _error(line: str) -> None:

@@ -146,7 +146,7 @@ def attended_slots(T: int, context: int) -> int:
   """Σ over the T new rows of the slots each attends to: row t sees the C committed slots and t + 1 new ones
   (a causal block; a tree's rows see their ancestors only, fewer — this is the upper bound a dense kernel
   computes)."""
-  return T * context + T * (T + 1) // 2
+  return T * context + T * (T + 1) / 2
 
 
 def layer_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int = 4,
@@ -180,6 +180,28 @@ def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, 
   c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
   comm = comm_bytes / spec.interconnect_bandwidth if comm_bytes and spec.interconnect_bandwidth else 0.0
   return max(c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth) + comm + spec.floor(cfg.num_layers)
+
+
+def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], contexts_B: Sequence[int],
+                     dtype: str = "float32") -> float:
+  """Predicted seconds for one forward in which sequence b computes rows_B[b] new rows at context
+  contexts_B[b] (0 rows: a finished sequence or an idle slot, which the native kernels skip and which reads
+  no KV).  Equals ``step_time`` when every sequence has the same rows and context."""
+  b = DTYPE_BYTES[dtype]
+  L, D, V, H, K, E = (cfg.num_layers, cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
+                      cfg.head_dim)
+  rows = [int(r) for r in rows_B]
+  ctx = [int(c) for c in contexts_B]
+  R = sum(rows)
+  if R == 0:
+    return spec.floor(L)
+  slots = sum(attended_slots(r, c) for r, c in zip(rows, ctx) if r)
+  flops = L * (2.0 * R * layer_weight_count(cfg) + 4.0 * H * E * slots) + 2.0 * R * D * V
+  kv_slot = 2 * K * E * b
+  weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
+  kv = L * kv_slot * (sum(c + r for r, c in zip(rows, ctx) if r) + R)
+  other = R * D * b + R * V * 4
+  return max(flops / spec.peak(dtype), (weights + kv + other) / spec.mem_bandwidth) + spec.floor(L)
 
 
 def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32") -> dict:

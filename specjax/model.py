@@ -318,8 +318,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
       context does not pay for the empty end of a long buffer and nothing recompiles as sequences grow.
     head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
       prompt position): logits and hidden are then [B, 1, ...].
-    live_T: optional traced count ≤ T: only each sequence's first live_T new tokens matter (a verification
-      whose later draft slots are empty this step).  The native CPU kernels skip the others, so the step
+    live_T: optional traced count ≤ T, or one count per sequence [B]: only each sequence's first live_T new
+      tokens matter (a verification whose later draft slots are empty this step; 0 for a finished sequence).  The native CPU kernels skip the others, so the step
       costs what live_T tokens cost; their logits are zero (XLA paths compute and zero them) and their KV
       entries, written past the committed length, are garbage that later steps overwrite.
     feature_layers: static; also return ``features`` [B, T, F] for every new token (before ``head_index_B``

@@ -168,3 +168,14 @@ def test_generate_sizes_buffers_to_the_request_and_refuses_what_does_not_fit(tin
   with pytest.raises(SpecjaxError, match=r"batch 64 needs .* at most batch \d+ fits"):
     api.generate(tiny, ["hello"] * 64, max_new_tokens=5, batch_size=64, max_len=1 << 16,
                  memory_budget=64 * 2**20)
+
+
+def test_ragged_step_time_matches_the_uniform_one_and_skips_idle_slots():
+  spec = costmodel.DeviceSpec("toy", {"float32": 100e9}, 20e9, 16e9, floor_s=1e-4, floor_per_layer_s=1e-5)
+  cfg = config.SMOLLM2_135M
+  for B, T, C in [(1, 1, 100), (4, 5, 300), (32, 16, 128)]:
+    assert costmodel.ragged_step_time(spec, cfg, [T] * B, [C] * B) == pytest.approx(
+        costmodel.step_time(spec, cfg, B, T, C), rel=1e-9)
+  # Idle slots (0 rows) add nothing.
+  assert costmodel.ragged_step_time(spec, cfg, [5, 0, 0, 5], [300, 900, 900, 300]) == pytest.approx(
+      costmodel.step_time(spec, cfg, 2, 5, 300), rel=1e-9)

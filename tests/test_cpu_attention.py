@@ -103,3 +103,19 @@ def test_region_wider_than_the_new_rows(E):
     want = ca.attend_cache_reference(q, k, v, layer, lengths, jnp.asarray(mask))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     assert np.all(np.asarray(got)[0, 1] == 0)
+
+
+def test_live_rows_per_sequence():
+  """One live count per sequence: a finished sequence (0) is all zeros; the others are exactly the rows the
+  full computation gives them."""
+  L, B, S, K, G, E, T = 2, 3, 64, 2, 3, 64, 6
+  q, k, v, _, mask = _inputs(8, L, B, S, K, G, E, T)
+  lengths = jnp.asarray([20, 31, 9], jnp.int32)
+  live = jnp.asarray([0, 4, 6], jnp.int32)
+  f = jax.jit(ca.attend_cache_native)
+  got = np.asarray(f(q, k, v, 1, lengths, mask, live))
+  full = np.asarray(f(q, k, v, 1, lengths, mask))
+  keep = (np.arange(T)[None, :] < np.asarray(live)[:, None])[:, :, None, None]
+  np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
+  ref = ca.attend_cache_reference(q, k, v, 1, lengths, mask, live)
+  np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)

@@ -56,3 +56,27 @@ def test_live_rows_only(group, live):
   np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
   ref = cpu_matmul.matmul_t_reference(x, w, jnp.int32(live), group)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+def test_live_rows_per_group(isa):
+  """One live count per group (per sequence): a finished sequence (0) costs nothing and comes out zero,
+  the others keep their first live rows exactly; on every ISA path the CPU has."""
+  from specjax.kernels import native
+  if native.ISAS.index(isa) > native.ISAS.index(native.detected_isa()):
+    pytest.skip("the CPU lacks this ISA")
+  group, live = 5, np.array([0, 3, 5, 1], np.int32)
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.standard_normal((4 * group, 72)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((130, 72)), jnp.float32)
+  native.set_isa(isa)
+  try:
+    got = np.asarray(jax.jit(cpu_matmul.matmul_t_native, static_argnums=(3,))(x, w, jnp.asarray(live), group))
+  finally:
+    native.set_isa(native.detected_isa())
+  keep = (np.arange(4 * group) % group < np.repeat(live, group))[:, None]
+  full = np.asarray(x) @ np.asarray(w).T
+  np.testing.assert_allclose(got, np.where(keep, full, 0.0), rtol=1e-4, atol=1e-4)
+  assert np.all(got[~keep[:, 0]] == 0)
+  ref = cpu_matmul.matmul_t_reference(x, w, jnp.asarray(live), group)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3)

@@ -334,9 +334,11 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   auto kd = k.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || v.dimensions() != kd || kd[1] != qd[0] || kd[4] != qd[3] ||
       qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.dimensions().size() != 3 ||
-      mask.dimensions()[0] != qd[0] || mask.dimensions()[1] != qd[1] || live_rows.element_count() != 1) {
+      mask.dimensions()[0] != qd[0] || mask.dimensions()[1] != qd[1] ||
+      (live_rows.element_count() != 1 && live_rows.element_count() != qd[0])) {
     return ffi::Error::InvalidArgument(
-        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,U], live []");
+        "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,U], "
+        "live [] or [B]");
   }
   Args a;
   a.q = q.typed_data();
@@ -351,19 +353,27 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   if (a.layer < 0 || a.layer >= kd[0]) return ffi::Error::InvalidArgument("layer index out of range");
   a.scale = 1.0f / std::sqrt(static_cast<float>(a.E));
 
-  // Only the first `live` new rows of each sequence matter (the rest are padded draft slots): zero the others.
-  const int64_t live = std::clamp<int64_t>(live_rows.typed_data()[0], 0, a.T);
-  for (int64_t b = 0; b < a.B; ++b)
-    std::fill(a.out + (b * a.T + live) * a.H * a.E, a.out + (b + 1) * a.T * a.H * a.E, 0.0f);
-  const int64_t units = a.B * a.K * live;
-  int64_t work = 0;  // roughly the multiply-adds, to decide whether threads are worth waking
-  for (int64_t b = 0; b < a.B; ++b) work += (std::min<int64_t>(a.lengths[b], a.S) + a.U) * live;
+  // Only the first live[b] new rows of sequence b matter (the rest are padded draft slots, or all of them for
+  // a finished sequence or an empty serving slot): zero the others; they cost nothing.
+  const int32_t* live_in = live_rows.typed_data();
+  const bool per_seq = live_rows.element_count() != 1;
+  std::vector<int64_t> live(a.B);
+  int64_t max_live = 0, work = 0;  // work: roughly the multiply-adds, to decide whether threads are worth waking
+  for (int64_t b = 0; b < a.B; ++b) {
+    live[b] = std::clamp<int64_t>(live_in[per_seq ? b : 0], 0, a.T);
+    max_live = std::max(max_live, live[b]);
+    work += (std::min<int64_t>(a.lengths[b], a.S) + a.U) * live[b];
+    std::fill(a.out + (b * a.T + live[b]) * a.H * a.E, a.out + (b + 1) * a.T * a.H * a.E, 0.0f);
+  }
+  if (max_live == 0) return ffi::Error::Success();
   work *= a.H * a.E * 2;
   const bool parallel = work >= (int64_t{1} << 17);
-  specjax::ParallelFor(pool.num_threads(), units, parallel, [&a, live](int64_t u) {
+  const int64_t units = a.B * a.K * max_live;
+  specjax::ParallelFor(pool.num_threads(), units, parallel, [&a, &live, max_live](int64_t u) {
+    const int64_t t = u % max_live, kh = (u / max_live) % a.K, b = u / (max_live * a.K);
+    if (t >= live[b]) return;
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(a.G * a.S));
-    const int64_t t = u % live, kh = (u / live) % a.K, b = u / (live * a.K);
     RunUnit(a, b, kh, t, scores.data());
   });
   return ffi::Error::Success();

@@ -46,8 +46,9 @@ def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B
   probs = jax.nn.softmax(scores, axis=-1)
   probs = jnp.where(visible, probs, 0.0)
   out = jnp.einsum("btkgs,bske->btkge", probs, v).reshape(B, T, H, E)
-  if live is not None:
-    out = jnp.where((jnp.arange(T) < live)[None, :, None, None], out, 0.0)
+  if live is not None:   # one count for every sequence, or one per sequence [B]
+    live_B = jnp.broadcast_to(jnp.asarray(live), (B,))
+    out = jnp.where((jnp.arange(T)[None, :] < live_B[:, None])[:, :, None, None], out, 0.0)
   return out
 
 
@@ -73,8 +74,9 @@ _native.defvjp(_fwd, _bwd)
 
 
 def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
-  """The C++ kernel.  ``live`` (a traced count, default T): only the first ``live`` new rows of each
-  sequence are computed, the others come out zero at no cost (padded draft slots)."""
+  """The C++ kernel.  ``live`` (a traced count, or one per sequence [B]; default T): only the first ``live``
+  new rows of each sequence are computed, the others come out zero at no cost (padded draft slots, finished
+  sequences)."""
   live = q_BxTxHxE.shape[1] if live is None else live
   return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
 

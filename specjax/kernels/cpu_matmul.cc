@@ -220,19 +220,29 @@ void RunParts(const Task& t, int64_t threads) {
   });
 }
 
-// rows = [group, live]: x's rows come in groups of `group` (a sequence's new tokens) of which only the first
-// `live` matter (the rest are padding, e.g. draft slots nobody proposed this step): those rows of y are set
-// to zero and cost nothing.
+// rows = [group, live] or [group, live_0, ..., live_{M/group - 1}]: x's rows come in groups of `group` (a
+// sequence's new tokens) of which only the first `live` (one count for all groups, or one per group) matter;
+// the rest (draft slots nobody proposed this step, a finished sequence, an empty serving slot) are set to
+// zero in y and cost nothing.
 ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || rows.element_count() != 2) {
-    return ffi::Error::InvalidArgument("specjax_matmul_t expects x [M, D], w [N, D] and rows [group, live]");
+  const int64_t n_rows = static_cast<int64_t>(rows.element_count());
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || n_rows < 2) {
+    return ffi::Error::InvalidArgument(
+        "specjax_matmul_t expects x [M, D], w [N, D] and rows [group, live...]");
   }
   const int64_t all = xd[0], N = wd[0], D = xd[1];
-  const int64_t group = std::max<int64_t>(rows.typed_data()[0], 1);
-  const int64_t live = std::clamp<int64_t>(rows.typed_data()[1], 0, group);
+  const int32_t* rd = rows.typed_data();
+  const int64_t group = std::max<int64_t>(rd[0], 1);
+  const int64_t groups = (all + group - 1) / group;
+  if (n_rows != 2 && n_rows != 1 + groups) {
+    return ffi::Error::InvalidArgument("specjax_matmul_t: rows must hold one live count, or one per group");
+  }
+  auto live_of = [&](int64_t r) {
+    return std::clamp<int64_t>(n_rows == 2 ? rd[1] : rd[1 + r / group], 0, group);
+  };
   int64_t row_store[64];
   std::vector<int64_t> row_heap;
   int64_t* row = row_store;
@@ -242,7 +252,7 @@ ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   }
   int64_t M = 0;
   for (int64_t r = 0; r < all; ++r) {
-    if (r % group < live) {
+    if (r % group < live_of(r)) {
       row[M++] = r;
     } else {
       std::fill_n(y->typed_data() + r * N, N, 0.0f);

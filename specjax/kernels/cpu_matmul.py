@@ -3,7 +3,8 @@
 ``matmul_t`` calls the C++ kernel in ``cpu_matmul.cc`` through the XLA FFI when it is available (built on first
 use, see ``native.py``), else the reference ``matmul_t_reference`` (plain XLA).  It splits the work over the
 caller and a few helper threads (``parallel.h``).  It is used only on the CPU backend, for float32, when M ≤ ``MAX_ROWS`` (larger M is
-compute-bound, where XLA's GEMM is the better choice); its gradient goes through the reference.
+compute-bound, where XLA's GEMM is the better choice; with a live-row count, the choice is made on the
+number of live rows at run time); its gradient goes through the reference.
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ available = native.available
 
 
 def _live_mask(M: int, live, group: int) -> jax.Array:
-  """[M, 1] bool: rows r with r % group < live (rows come in groups of ``group``, the first ``live`` matter)."""
-  return (jnp.arange(M) % group < live)[:, None]
+  """[M, 1] bool: rows r with r % group < live (rows come in groups of ``group``, the first ``live`` matter;
+  ``live`` is one count, or one per group [M / group])."""
+  live = jnp.asarray(live)
+  per_row = live if live.ndim == 0 else jnp.repeat(live, group, total_repeat_length=M)
+  return (jnp.arange(M) % group < per_row)[:, None]
 
 
 def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
@@ -51,18 +55,26 @@ _native.defvjp(_native_fwd, _native_bwd)
 
 
 def matmul_t_native(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
-  """The C++ kernel.  With ``live`` (a traced count), rows come in groups of ``group`` and only the first
-  ``live`` rows of each group are computed; the others come out zero at no cost (padded draft slots)."""
+  """The C++ kernel.  With ``live`` (a traced count, or one count per group [M / group]), rows come in groups
+  of ``group`` and only the first ``live`` rows of each group are computed; the others come out zero at no
+  cost (padded draft slots, finished sequences)."""
   M = x_MxD.shape[0]
-  rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.stack(
-      [jnp.asarray(group, jnp.int32), jnp.asarray(live, jnp.int32)])
+  rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.concatenate(
+      [jnp.asarray([group], jnp.int32), jnp.atleast_1d(jnp.asarray(live, jnp.int32))])
   return _native(x_MxD, w_NxD, rows)
 
 
 def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
   """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
   r % group ≥ live are padding and come out zero (the native kernel skips them)."""
-  if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and x_MxD.shape[0] <= MAX_ROWS
-      and available()):
-    return matmul_t_native(x_MxD, w_NxD, live, group)
+  M = x_MxD.shape[0]
+  if x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and available():
+    if M <= MAX_ROWS:
+      return matmul_t_native(x_MxD, w_NxD, live, group)
+    if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data
+      live = jnp.asarray(live, jnp.int32)
+      total = (jnp.clip(live, 0, group) * (M // group) if live.ndim == 0
+               else jnp.sum(jnp.clip(live, 0, group)))
+      return jax.lax.cond(total <= MAX_ROWS, lambda: matmul_t_native(x_MxD, w_NxD, live, group),
+                          lambda: matmul_t_reference(x_MxD, w_NxD, live, group))
   return matmul_t_reference(x_MxD, w_NxD, live, group)

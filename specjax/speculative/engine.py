@@ -72,6 +72,8 @@ class Engine(NamedTuple):
   buckets: tuple[int, ...] | None = None
   acceptance: Any = None             # None: GreedyAcceptance when sp is greedy, else SpeculativeSampling
   tree: Any = None                   # StaticTree | DynamicShape with k_max nodes; None: the chain of k_max
+  stats_nodes: int = 0               # size the per-depth / per-node counters for this many nodes (at least
+                                     # k_max): engines of several k then share one SpecState (a scheduler)
 
   @property
   def rule(self):
@@ -87,6 +89,11 @@ class Engine(NamedTuple):
   @property
   def depth(self) -> int:       # D: the deepest node
     return self.shape.max_depth
+
+  @property
+  def stats_sizes(self) -> tuple[int, int]:
+    """(depths, nodes) of the SpecStats counters: this engine's, or ``stats_nodes``' if larger."""
+    return max(self.depth, self.stats_nodes), max(self.k_max, self.stats_nodes)
 
 
 def _is_eos(tok, eos_ids):
@@ -114,7 +121,7 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   seq = jnp.where(jnp.arange(S)[None, :] < prompt_lens_B[:, None], seq, 0)
   seq = seq.at[jnp.arange(B), jnp.where(live, prompt_lens_B, S)].set(tok, mode="drop")
   num_new = live.astype(jnp.int32)
-  N, D = engine.k_max, engine.depth
+  D, N = engine.stats_sizes
   zeros_B = jnp.zeros((B,), jnp.int32)
   stats = SpecStats(iterations=jnp.zeros((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
                     draft_forwards=jnp.zeros((), jnp.int32), drafted_B=zeros_B, accepted_B=zeros_B,
@@ -154,14 +161,16 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   active = jnp.arange(N1)[None, :] <= jnp.minimum(k_active_B, room_B)[:, None]
   tree = tree_lib.build(d.tokens_BxN1, d.parents_BxN1, d.valid_BxN1 & active & live[:, None])
 
-  # 2. Verify every node in one target forward.  Only the rows up to the last live node matter: the native
-  #    CPU kernels skip the rest, so a step whose drafter found little to propose costs about what a plain
-  #    decoding step costs.  `rows` is data: changing it compiles nothing.
+  # 2. Verify every node in one target forward.  Only each sequence's rows up to its last live node matter,
+  #    none for a finished sequence or an empty serving slot: the native CPU kernels skip the rest, so a step
+  #    costs what its live rows cost (a sequence whose drafter found nothing costs a plain step; idle slots
+  #    cost nothing).  `rows_B` is data: changing it compiles nothing.
   node_ids = jnp.arange(N1)[None, :]
-  rows = jnp.max(jnp.where(tree.valid_BxN1 & live[:, None], node_ids, 0)) + 1
+  rows_B = jnp.where(live, jnp.max(jnp.where(tree.valid_BxN1, node_ids, 0), axis=1) + 1, 0).astype(jnp.int32)
+  rows = jnp.maximum(jnp.max(rows_B), 1)
   taps = _feature_layers(engine.drafter)
   out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, lengths),
-                                cache, buckets=engine.buckets, live_T=rows,
+                                cache, buckets=engine.buckets, live_T=rows_B,
                                 region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=taps)
 
   # 3. Accept: a root-to-leaf path of n drafts, then the next token.
@@ -203,6 +212,8 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
     draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths, path_feats)
 
   st = state.stats
+  D_st, N_st = engine.stats_sizes
+  pad = lambda x, n: jnp.pad(x, (0, n - x.shape[0]))            # noqa: E731  (counters sized for a scheduler)
   live_i = live.astype(jnp.int32)
   reached_D = jnp.take_along_axis(tree_lib.has_child(tree), jnp.maximum(path[:, :D], 0), axis=1) & (path[:, :D] >= 0)
   stats = SpecStats(
@@ -213,10 +224,10 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
       accepted_B=st.accepted_B + n * live_i,
       committed_B=st.committed_B + count,
       verify_steps_B=st.verify_steps_B + live_i,
-      pos_accepted_K=st.pos_accepted_K + jnp.sum((j_D1[:, :D] < n[:, None]) & live[:, None], axis=0),
-      pos_reached_K=st.pos_reached_K + jnp.sum(reached_D & live[:, None], axis=0),
+      pos_accepted_K=st.pos_accepted_K + pad(jnp.sum((j_D1[:, :D] < n[:, None]) & live[:, None], axis=0), D_st),
+      pos_reached_K=st.pos_reached_K + pad(jnp.sum(reached_D & live[:, None], axis=0), D_st),
       verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1),
-      node_accepted_N1=st.node_accepted_N1 + jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0))
+      node_accepted_N1=st.node_accepted_N1 + pad(jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0), N_st + 1))
   starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live, lengths, S)].set(True, mode="drop")
   return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
                    max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts)

@@ -1,0 +1,152 @@
+"""Batch sweep: where speculation stops paying, predicted and measured, and how each scheduling policy does
+under load (``specjax.serving``).
+
+Part 1, the crossover: for each batch size B of ``batches``, B requests at once (EOS ignored, so the batch
+stays full) decoded plainly and with a fixed k; measured speedup(B) = speculative ÷ plain tokens/s.  The cost
+model predicts the same ratio from the calibrated machine, the acceptance per position and the rows per
+sequence the B = 1 run measured.  crossover = the smallest B whose speedup is below 1.
+
+Part 2, the load sweep: one Poisson trace per offered load (requests/s), replayed in real time by the
+continuous-batching engine under each policy (same trace, same compiled engines): throughput, time to first
+token and inter-token latency.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from specjax import api, calibrate, costmodel
+from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
+from experiments.common import pick_prompts
+
+POLICY_LABELS = {"never": "never (k=0)", "always": "always (fixed k)", "off-above": "off above batch",
+                 "adaptive": "adaptive", "goodput": "goodput-optimal"}
+
+
+def _requests(encoded, trace, ignore_eos=False):
+  return [bt.Request(encoded[i % len(encoded)], t["max_tokens"], rid=i, arrival=t["arrival"])
+          for i, t in enumerate(trace)]
+
+
+def _position_acceptance(state) -> list[float]:
+  st = state.stats
+  acc, reach = np.asarray(st.pos_accepted_K, float), np.asarray(st.pos_reached_K, float)
+  return [float(a / r) if r else 0.0 for a, r in zip(acc, reach)]
+
+
+def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max_len: int, log, **dkw) -> dict:
+  rows, acc_B1, rows_per_seq = [], None, None
+  for B in batches:
+    eng = factory.make_batcher(m, drafter=drafter, policy="fixed", k=k, slots=B, max_len=max_len, eos_ids=(),
+                               **dkw)
+    eng.warmup(max(len(e) for e in encoded))
+    res = {}
+    for label, policy in (("plain", pol.FixedK(0)), ("spec", pol.FixedK(k))):
+      eng.policy = policy
+      eng.history.clear()
+      before = eng.state.stats
+      reqs = _requests(encoded, [{"arrival": 0.0, "max_tokens": max_new}] * B)
+      rep = eng.run(reqs)
+      res[label] = rep
+      if label == "spec" and B == batches[0]:
+        acc, reach = (np.asarray(eng.state.stats.pos_accepted_K) - np.asarray(before.pos_accepted_K),
+                      np.asarray(eng.state.stats.pos_reached_K) - np.asarray(before.pos_reached_K))
+        acc_B1 = [float(a / r) if r else 0.0 for a, r in zip(acc[:k], reach[:k])]
+        live = sum(h.live for h in eng.history)
+        rows_per_seq = sum(h.rows for h in eng.history) / max(live, 1)
+    measured = res["spec"]["tokens_per_s"] / res["plain"]["tokens_per_s"]
+    rows.append({"B": B, "plain_tokens_per_s": res["plain"]["tokens_per_s"],
+                 "spec_tokens_per_s": res["spec"]["tokens_per_s"], "speedup_measured": measured,
+                 "tau_measured": res["spec"]["tokens"] / max(sum(h.live for h in eng.history), 1)})
+    log(f"[batch_sweep] B={B}: plain {res['plain']['tokens_per_s']:.1f} tok/s, k={k} "
+        f"{res['spec']['tokens_per_s']:.1f} tok/s: speedup {measured:.2f}")
+  ctx = int(np.mean([len(e) for e in encoded]) + max_new / 2)
+  for r in rows:
+    B = r["B"]
+    t_plain = costmodel.ragged_step_time(spec, m.cfg, [1] * B, [ctx] * B)
+    t_spec = costmodel.ragged_step_time(spec, m.cfg, [rows_per_seq] * B, [ctx] * B)
+    r["speedup_predicted"] = costmodel.expected_accepted(acc_B1, k) * t_plain / t_spec
+  cross_m = next((r["B"] for r in rows if r["speedup_measured"] < 1), None)
+  cross_p = next((r["B"] for r in rows if r["speedup_predicted"] < 1), None)
+  return {"rows": rows, "acceptance_by_position": acc_B1, "rows_per_sequence": rows_per_seq,
+          "crossover_batch_measured": cross_m, "crossover_batch_predicted": cross_p}
+
+
+def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
+                drafter: str = "ngram", k: int = 4, buckets=(0, 1, 2, 4, 8), slots: int = 16,
+                batches=(1, 2, 4, 8, 16, 32), rates=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), requests: int = 32,
+                max_new_tokens: int = 64, policies=("never", "always", "off-above", "adaptive", "goodput"),
+                max_batch: int = 4, seed: int = 0, device: str | None = None, run_crossover: bool = True,
+                log=print) -> dict:
+  spec = calibrate.load_or_calibrate(device, log=log)
+  m = api.load(model)
+  chosen = pick_prompts(prompts, categories)
+  encoded = [m.tokenizer.encode_chat(p.text) for p in chosen]
+  max_len = costmodel.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
+  out = {"title": f"batch sweep: {model}, {drafter}, {len(chosen)} prompts, {max_new_tokens} new tokens"}
+  if run_crossover:
+    cross = crossover(m, spec, encoded[:max(batches)], drafter, k, list(batches), max_new_tokens, max_len, log)
+    out.update({"crossover_rows": cross["rows"], "crossover_batch_measured": cross["crossover_batch_measured"],
+                "crossover_batch_predicted": cross["crossover_batch_predicted"],
+                "acceptance_by_position": cross["acceptance_by_position"]})
+    log(f"[batch_sweep] crossover: predicted {cross['crossover_batch_predicted']}, measured "
+        f"{cross['crossover_batch_measured']}")
+  eng = factory.make_batcher(m, drafter=drafter, policy="goodput", k=k, buckets=buckets, slots=slots,
+                             max_len=max_len, spec=spec, max_batch=max_batch)
+  log(f"[batch_sweep] load sweep: {slots} slots, warm-up {eng.warmup(max(len(e) for e in encoded)):.1f}s")
+  goodput = eng.policy
+  make = {"never": lambda: pol.FixedK(0), "always": lambda: pol.FixedK(k),
+          "off-above": lambda: pol.OffAboveBatch(k, max_batch), "adaptive": lambda: pol.AcceptanceAdaptive(buckets),
+          "goodput": lambda: goodput}
+  rows = []
+  for rate in rates:
+    trace = trace_lib.poisson([str(i) for i in range(len(encoded))], rate, requests, seed, max_new_tokens)
+    for name in policies:
+      eng.policy = make[name]()
+      eng.history.clear()
+      rep = eng.run(_requests(encoded, trace))
+      rows.append({"policy": name, "rate": rate, "tokens_per_s": rep["tokens_per_s"],
+                   "itl_p50_ms": 1e3 * (rep["itl_s"]["p50"] or 0), "itl_p90_ms": 1e3 * (rep["itl_s"]["p90"] or 0),
+                   "ttft_p50_ms": 1e3 * (rep["ttft_s"]["p50"] or 0), "mean_k": rep["mean_k"],
+                   "mean_live": rep["mean_live"], "served": rep["served"]})
+      log(f"[batch_sweep] rate {rate}/s {name:10s}: {rep['tokens_per_s']:.1f} tok/s, itl p50 "
+          f"{rows[-1]['itl_p50_ms']:.1f} ms, mean k {rep['mean_k']:.2f}, mean live {rep['mean_live']:.1f}")
+  summary = {}
+  for rate in rates:
+    by = {r["policy"]: r["tokens_per_s"] for r in rows if r["rate"] == rate}
+    if {"never", "always", "goodput"} <= by.keys():
+      best = max(by["never"], by["always"])
+      summary[str(rate)] = {"goodput_vs_best_fixed": by["goodput"] / best,
+                            "goodput_beats_both": by["goodput"] > best}
+  out.update({"rows": rows, "summary": summary, "slots": slots, "spec": spec.to_dict(),
+              "plots": [{"file": "throughput_vs_load.png", "x": "rate", "y": "tokens_per_s", "group": "policy",
+                         "title": "throughput vs offered load (requests/s)"},
+                        {"file": "itl_vs_load.png", "x": "rate", "y": "itl_p50_ms", "group": "policy",
+                         "title": "inter-token latency p50 (ms) vs offered load"}]})
+  return out
+
+
+def plot(result: dict, out_dir) -> None:
+  """Measured and predicted speedup vs batch, the crossover marked."""
+  rows = result.get("crossover_rows")
+  if not rows:
+    return
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4))
+  B = [r["B"] for r in rows]
+  ax.plot(B, [r["speedup_measured"] for r in rows], "o-", label="measured")
+  ax.plot(B, [r["speedup_predicted"] for r in rows], "s--", label="predicted (cost model)")
+  ax.axhline(1.0, color="k", lw=0.8)
+  for key, style in (("crossover_batch_predicted", ":"), ("crossover_batch_measured", "-.")):
+    if result.get(key):
+      ax.axvline(result[key], ls=style, color="gray", label=key.replace("_", " "))
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("batch B")
+  ax.set_ylabel("speculative ÷ plain tokens/s")
+  ax.set_title("where speculation stops paying")
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_dir / "crossover.png", dpi=120)
+  plt.close(fig)

@@ -1,0 +1,353 @@
+"""Continuous batching over fixed KV buffers, with speculation chosen per iteration by a policy.
+
+``ContinuousBatcher`` owns one ``SpecState`` of ``slots`` sequences (the KV buffers, allocated once) and one
+compiled engine per k bucket (all sharing that state's shapes: ``Engine.stats_nodes``).  Each ``step``:
+  1. admits queued requests into free slots: a B = 1 prefill written into the slot (``admit``), while the
+     other slots keep their caches;
+  2. asks the policy for the bucket and each sequence's k (``policies``), from the slots' smoothed acceptance;
+  3. runs one speculative (or plain, k = 0) iteration for every slot: finished and empty slots compute no
+     rows (the native kernels skip them), so an idle slot costs nothing;
+  4. reads back the committed tokens, hands them to their requests, and frees the slots of requests that hit
+     EOS, their max_tokens, or were cancelled.
+A request that could never fit (prompt + max_tokens + speculative headroom > the buffers) is refused at
+``submit`` with a clear error; a full queue refuses with ``QueueFull``.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import costmodel, decode, sampling
+from specjax import speculative as spec
+from specjax.errors import SpecjaxError
+from specjax.kv_cache import init_cache
+from specjax.serving import policies as pol
+
+
+class AdmissionError(SpecjaxError):
+  """A request that cannot be served with these buffers (HTTP 400)."""
+
+
+class QueueFull(SpecjaxError):
+  """The waiting queue is at its limit (HTTP 429)."""
+
+
+@dataclasses.dataclass
+class Request:
+  prompt_ids: list[int]
+  max_new_tokens: int
+  rid: Any = None
+  arrival: float = 0.0                  # seconds (trace time; the batcher's clock)
+  on_tokens: Callable | None = None     # called with (request, new token ids) as they are committed
+  # filled in while serving
+  slot: int | None = None
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  admitted: float | None = None
+  first_token: float | None = None
+  token_times: list[float] = dataclasses.field(default_factory=list)
+  finished: float | None = None
+  finish_reason: str | None = None      # "stop" (EOS), "length", "cancelled"
+  cancelled: bool = False
+
+  @property
+  def done(self) -> bool:
+    return self.finished is not None
+
+
+def _insert(big, small, slot):
+  """Write a B = 1 state into slot ``slot`` of a batched one: KV buffers [L, B, ...] (5-D) along axis 1,
+  every other array along axis 0."""
+  def put(b, s):
+    axis = 1 if b.ndim == 5 else 0
+    return jax.lax.dynamic_update_index_in_dim(b, jnp.take(s, 0, axis=axis).astype(b.dtype), slot, axis)
+  return jax.tree_util.tree_map(put, big, small)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(3,))
+def admit(engine: spec.Engine, target_params, draft_params, state: spec.SpecState, slot, prompt_1xP,
+          prompt_len_1, max_new_1, key) -> spec.SpecState:
+  """Prefill one request into ``slot`` of the running batch; the other slots are untouched."""
+  S = state.seq_BxS.shape[1]
+  one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S), prompt_1xP, prompt_len_1,
+                  max_new_1, key)
+  return state.replace(
+      cache=_insert(state.cache, one.cache, slot), draft=_insert(state.draft, one.draft, slot),
+      seq_BxS=_insert(state.seq_BxS, one.seq_BxS, slot), last_B=_insert(state.last_B, one.last_B, slot),
+      num_new_B=_insert(state.num_new_B, one.num_new_B, slot), done_B=_insert(state.done_B, one.done_B, slot),
+      max_new_B=_insert(state.max_new_B, one.max_new_B, slot),
+      starts_BxS=_insert(state.starts_BxS, one.starts_BxS, slot))
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
+  return state.replace(done_B=state.done_B.at[slot].set(True))
+
+
+def _prompt_bucket(n: int) -> int:
+  b = 16
+  while b < n:
+    b *= 2
+  return b
+
+
+@dataclasses.dataclass
+class StepRecord:
+  t: float
+  k: int
+  live: int
+  rows: int
+  committed: int
+  seconds: float
+
+
+class ContinuousBatcher:
+  """Serve requests over ``slots`` fixed KV buffers of ``max_len`` positions.
+
+  ``drafter``/``drafter_kwargs`` as ``api.build_drafter``; ``buckets`` the compiled k values (0 = plain);
+  ``policy`` a ``policies`` object.  ``clock`` gives the current time in seconds."""
+
+  def __init__(self, m, *, slots: int = 8, max_len: int = 1024, drafter: str = "none", draft=None,
+               buckets: Sequence[int] = (0, 1, 2, 4, 8), policy=None, sp: sampling.SamplingParams | None = None,
+               eos_ids: Sequence[int] | None = None, max_queue: int = 1024, seed: int = 0,
+               memory_budget: float | None = None, clock: Callable[[], float] = time.perf_counter,
+               **drafter_kwargs):
+    from specjax import api
+    self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
+    self.sp = sp or sampling.SamplingParams()
+    self.eos_ids = tuple(m.tokenizer.eos_token_ids if eos_ids is None else eos_ids)
+    buckets = sorted({int(b) for b in buckets} | {0})
+    if drafter == "none":
+      buckets = [0]
+    self.k_top = max(buckets)
+    self.buckets = buckets
+    api.check_memory(m, max_len + self.k_top + 1, self.k_top, self.slots,
+                     draft.cfg if drafter == "model" and draft is not None else None,
+                     sampling_=not self.sp.greedy, budget=memory_budget)
+    d_obj, self.draft_params, _ = api.build_drafter(m, drafter, k=max(self.k_top, 1), draft=draft,
+                                                    max_len=max_len, depth=max(self.k_top, 1), **drafter_kwargs)
+    kv_buckets = decode.kv_buckets(max_len)
+    stateless = isinstance(d_obj, (spec.NoDrafter, spec.NgramDrafter))
+    self.engines: dict[int, spec.Engine] = {}
+    for k in buckets:
+      if k == 0 and stateless:
+        self.engines[0] = spec.Engine(m.cfg, spec.NoDrafter(), 0, self.sp, self.eos_ids, kv_buckets,
+                                      stats_nodes=self.k_top)
+      else:   # a drafter with its own cache keeps it in step: k = 0 runs its k = 1 engine with k_active 0
+        self.engines[k] = spec.Engine(m.cfg, d_obj, max(k, 1), self.sp, self.eos_ids, kv_buckets,
+                                      stats_nodes=max(self.k_top, 1))
+    self.policy = policy or pol.FixedK(self.k_top)
+    self.tracker = pol.AcceptanceTracker(self.slots, max(self.k_top, 1))
+    self.queue: collections.deque[Request] = collections.deque()
+    self.max_queue = max_queue
+    self.running: list[Request | None] = [None] * self.slots
+    self.key = jax.random.PRNGKey(seed)
+    self.history: list[StepRecord] = []
+    self._prompt_len = np.zeros(self.slots, np.int64)
+    self._num_new = np.zeros(self.slots, np.int64)
+    self._accepted = np.zeros(self.slots, np.int64)
+    self.state = self._empty_state()
+
+  # ------------------------------------------------------------------ state
+  def _empty_state(self) -> spec.SpecState:
+    B, S = self.slots, self.max_len
+    eng = self.engines[self.k_top]
+    zeros = np.zeros((B, 1), np.int32)
+    st = spec.init_jit(eng, self.m.prefill_params, self.draft_params, init_cache(self.m.cfg, B, S),
+                       *jax.device_put((zeros, np.ones(B, np.int32), np.zeros(B, np.int32))),
+                       jax.random.PRNGKey(0))
+    return st
+
+  def warmup(self, longest_prompt: int = 256) -> float:
+    """Compile every bucket's step and the admission prefill of every prompt bucket up to ``longest_prompt``
+    tokens, so that serving compiles nothing; returns seconds."""
+    t0 = time.perf_counter()
+    P = 16
+    while True:
+      n = min(P, self.max_len - 2 - self.headroom())
+      r = Request([1] * max(n, 1), 1, rid="warmup")
+      self.submit(r)
+      while not r.done:
+        self.step()
+      if P >= min(longest_prompt, self.max_len) or n < P:
+        break
+      P *= 2
+    for k, eng in self.engines.items():   # a step of each bucket on an all-finished batch: compiles, no change
+      self.state = spec.step_jit(eng, self.m.exec_params, self.draft_params, self.state,
+                                 jax.device_put(np.zeros(self.slots, np.int32)))
+    jax.block_until_ready(self.state.seq_BxS)
+    self.history.clear()
+    return time.perf_counter() - t0
+
+  # ------------------------------------------------------------------ requests
+  def headroom(self) -> int:
+    return self.k_top + 2
+
+  def check_request(self, r: Request) -> None:
+    if r.max_new_tokens < 1:
+      raise AdmissionError(f"max_tokens must be >= 1, got {r.max_new_tokens}")
+    if not r.prompt_ids:
+      raise AdmissionError("empty prompt")
+    need = len(r.prompt_ids) + r.max_new_tokens + self.headroom()
+    if need > self.max_len:
+      raise AdmissionError(
+          f"prompt of {len(r.prompt_ids)} tokens + max_tokens {r.max_new_tokens} + {self.headroom()} "
+          f"speculative slots does not fit the {self.max_len}-slot KV buffers: shorten the prompt or lower "
+          "max_tokens (or restart with a larger --max-len)")
+
+  def submit(self, r: Request) -> None:
+    self.check_request(r)
+    if len(self.queue) >= self.max_queue:
+      raise QueueFull(f"the queue holds {len(self.queue)} requests (limit {self.max_queue}): retry later")
+    self.queue.append(r)
+
+  def cancel(self, r: Request) -> None:
+    """Stop a request (a client that went away): its slot is freed at the next step."""
+    r.cancelled = True
+
+  @property
+  def num_running(self) -> int:
+    return sum(r is not None for r in self.running)
+
+  def _admit_waiting(self, now: float) -> None:
+    for slot in range(self.slots):
+      if not self.queue:
+        return
+      if self.running[slot] is not None:
+        continue
+      r = self.queue.popleft()
+      if r.cancelled:
+        self._finish(r, now, "cancelled")
+        continue
+      P = _prompt_bucket(len(r.prompt_ids))
+      arr = np.zeros((1, P), np.int32)
+      arr[0, :len(r.prompt_ids)] = r.prompt_ids
+      self.key, sub = jax.random.split(self.key)
+      self.state = admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params, self.state,
+                         jnp.int32(slot), *jax.device_put((arr, np.asarray([len(r.prompt_ids)], np.int32),
+                                                          np.asarray([r.max_new_tokens], np.int32))), sub)
+      r.slot, r.admitted = slot, now
+      self.running[slot] = r
+      self._prompt_len[slot] = len(r.prompt_ids)
+      self._num_new[slot] = 0
+      self.tracker.reset(slot)
+
+  def _finish(self, r: Request, now: float, reason: str) -> None:
+    r.finished, r.finish_reason = now, reason
+    if r.slot is not None and self.running[r.slot] is r:
+      self.running[r.slot] = None
+
+  # ------------------------------------------------------------------ one iteration
+  def step(self) -> int:
+    """Admit what waits, run one iteration, hand out its tokens; returns tokens committed (0 when idle)."""
+    now = self.clock()
+    for slot, r in enumerate(self.running):
+      if r is not None and r.cancelled:
+        self.state = _finish_slot(self.state, jnp.int32(slot))
+        self._finish(r, now, "cancelled")
+    self._admit_waiting(now)
+    # The first token of each new request comes from its prefill.
+    committed = self._read_back(self.clock(), offered=None)
+    live = np.array([r is not None and not r.done for r in self.running])
+    if not live.any():
+      return committed
+    obs = pol.Observation(live, self._prompt_len + self._num_new, self.tracker.alpha)
+    dec = self.policy.choose(obs)
+    engine = self.engines[dec.k] if dec.k in self.engines else self.engines[self.k_top]
+    t0 = time.perf_counter()
+    self.state = spec.step_jit(engine, self.m.exec_params, self.draft_params, self.state,
+                               jax.device_put(dec.k_B.astype(np.int32)))
+    got = self._read_back(self.clock(), offered=dec.k_B, live=live)
+    self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
+                                   got, time.perf_counter() - t0))
+    return committed + got
+
+  def _read_back(self, now: float, offered, live=None) -> int:
+    seq, num_new, done, accepted = jax.device_get((self.state.seq_BxS, self.state.num_new_B, self.state.done_B,
+                                                   self.state.stats.accepted_B))
+    if offered is not None:
+      self.tracker.update(live, offered, accepted - self._accepted)
+    self._accepted = accepted.astype(np.int64)
+    total = 0
+    for slot, r in enumerate(self.running):
+      if r is None:
+        continue
+      n_old, n_new = int(self._num_new[slot]), int(num_new[slot])
+      if n_new > n_old:
+        p = int(self._prompt_len[slot])
+        toks = seq[slot, p + n_old:p + n_new].tolist()
+        r.tokens += toks
+        r.token_times += [now] * len(toks)
+        if r.first_token is None:
+          r.first_token = now
+        self._num_new[slot] = n_new
+        total += len(toks)
+        if r.on_tokens is not None:
+          r.on_tokens(r, toks)
+      if done[slot]:
+        eos = bool(r.tokens) and r.tokens[-1] in self.eos_ids
+        self._finish(r, now, "stop" if eos else "length")
+    return total
+
+  # ------------------------------------------------------------------ a whole trace
+  def run(self, requests: Sequence[Request], log=None, time_limit: float | None = None) -> dict:
+    """Replay requests at their arrival times (seconds after the start) in real time; returns the report."""
+    pending = collections.deque(sorted(requests, key=lambda r: r.arrival))
+    start = self.clock()
+    refused = []
+    last_log = start
+    while pending or self.queue or self.num_running:
+      now = self.clock() - start
+      while pending and pending[0].arrival <= now:
+        r = pending.popleft()
+        r.arrival += start
+        try:
+          self.submit(r)
+        except SpecjaxError as e:
+          refused.append((r, str(e)))
+      if not self.queue and not self.num_running:
+        if pending:
+          time.sleep(max(0.0, min(pending[0].arrival - (self.clock() - start), 0.05)))
+        continue
+      self.step()
+      if log and self.clock() - last_log > 10:
+        last_log = self.clock()
+        done = sum(r.done for r in requests)
+        log(f"[serve] {now:6.1f}s: {done}/{len(requests)} done, {self.num_running} running, "
+            f"{len(self.queue)} queued, k={self.history[-1].k if self.history else 0}")
+      if time_limit and self.clock() - start > time_limit:
+        raise SpecjaxError(f"the trace did not finish in {time_limit:.0f}s")
+    return report(requests, self.history, start, self.clock(), refused)
+
+
+def _pct(xs, q):
+  return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def report(requests: Sequence[Request], history: Sequence[StepRecord], start: float, end: float,
+           refused=()) -> dict:
+  """Throughput, time to first token, inter-token latency (per-request time per output token after the
+  first) and the gaps between token deliveries, as percentiles; the k chosen over time."""
+  served = [r for r in requests if r.done and r.tokens]
+  ttft = [r.first_token - r.arrival for r in served]
+  tpot = [(r.token_times[-1] - r.first_token) / (len(r.tokens) - 1) for r in served if len(r.tokens) > 1]
+  gaps = [b - a for r in served for a, b in zip(r.token_times, r.token_times[1:]) if b > a]
+  tokens = sum(len(r.tokens) for r in served)
+  wall = max(end - start, 1e-9)
+  ks = [h.k for h in history]
+  return {"requests": len(requests), "served": len(served), "refused": len(refused),
+          "refused_reasons": sorted({why for _, why in refused})[:5], "tokens": tokens, "wall_s": wall,
+          "tokens_per_s": tokens / wall,
+          "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
+          "itl_s": {"p50": _pct(tpot, 50), "p90": _pct(tpot, 90), "p99": _pct(tpot, 99)},
+          "token_gap_s": {"p50": _pct(gaps, 50), "p90": _pct(gaps, 90), "p99": _pct(gaps, 99)},
+          "steps": len(history), "mean_k": float(np.mean(ks)) if ks else 0.0,
+          "k_share": {str(k): ks.count(k) / len(ks) for k in sorted(set(ks))} if ks else {},
+          "k_over_time": [[round(h.t - start, 4), h.k, h.live] for h in history],
+          "mean_live": float(np.mean([h.live for h in history])) if history else 0.0}

@@ -1,0 +1,61 @@
+"""Building a serving engine from settings (CLI, gin, the server): the batcher, its policy and the cost
+functions the goodput policy predicts with."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specjax import costmodel
+from specjax.serving import policies as pol
+from specjax.serving.batcher import ContinuousBatcher
+
+
+def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draft=None, draft_layers=None):
+  """(step_s(rows_B, contexts_B), draft_s(k, batch)) for the goodput policy.  Verification: the cost model's
+  ragged step (idle slots cost nothing).  Drafting: k single-row forwards of the draft model over every slot
+  (a model or layer-skip drafter computes all slots), nothing for n-gram lookup."""
+  cfg = m.cfg
+
+  def step_s(rows_B, contexts_B):
+    return costmodel.ragged_step_time(spec, cfg, rows_B, contexts_B)
+
+  dcfg = None
+  if drafter == "model" and draft is not None:
+    dcfg = draft.cfg
+  elif drafter == "layerskip":
+    from specjax.api import parse_layers
+    dcfg = cfg.replace(num_layers=len(parse_layers(draft_layers, cfg.num_layers)))
+  elif drafter == "eagle":
+    dcfg = cfg.replace(num_layers=1)
+
+  def draft_s(k, batch):
+    if dcfg is None or k <= 0:
+      return 0.0
+    return k * costmodel.step_time(spec, dcfg, slots, 1, 256)
+
+  return step_s, draft_s
+
+
+def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4,
+                 buckets: Sequence[int] = (0, 1, 2, 4, 8), slots: int = 8, max_len: int = 1024,
+                 max_batch: int = 4, min_reach: float = 0.3, spec: costmodel.DeviceSpec | None = None,
+                 draft=None, draft_layers=None, per_sequence: bool = True, **kwargs) -> ContinuousBatcher:
+  """A batcher whose compiled buckets cover the policy: ``fixed``/``off-above`` compile {0, k}; ``adaptive``
+  and ``goodput`` compile ``buckets``."""
+  if drafter == "none":
+    buckets = (0,)
+  elif policy in ("fixed", "off-above"):
+    buckets = (0, k)
+  step_s = draft_s = None
+  if policy == "goodput":
+    if spec is None:
+      from specjax import calibrate
+      spec = calibrate.load_or_calibrate()
+    step_s, draft_s = cost_functions(spec, m, drafter, slots, draft, draft_layers)
+  p = pol.make_policy(policy if drafter != "none" else "fixed", k=k if drafter != "none" else 0,
+                      buckets=buckets, max_batch=max_batch, min_reach=min_reach, step_s=step_s, draft_s=draft_s,
+                      per_sequence=per_sequence)
+  extra = {"draft_layers": draft_layers} if drafter == "layerskip" else {}
+  return ContinuousBatcher(m, slots=slots, max_len=max_len, drafter=drafter, draft=draft, buckets=buckets,
+                           policy=p, **extra, **kwargs)

@@ -1,0 +1,176 @@
+"""Scheduling policies: how many tokens to draft next iteration, for the whole batch and per sequence.
+
+A policy sees an ``Observation`` (which slots are live, each one's context, each one's smoothed acceptance per
+position) and returns a ``Decision``: the k bucket whose compiled engine runs the step (0 = plain decoding)
+and each sequence's k (≤ the bucket; the engine's ``k_active``, data).  The buckets are compiled once, so
+switching policy or k compiles nothing.
+
+  fixed        always k
+  off-above    k while at most ``max_batch`` sequences are live, else 0 (vLLM's old disable-by-batch-size)
+  adaptive     per sequence, the largest bucket whose last position is still reached with probability
+               ≥ ``min_reach`` under its smoothed acceptance (easy text drafts deep, hard text shallow)
+  goodput      the choice (bucket and per-sequence k) that maximises predicted committed tokens per second:
+               Σ_b τ_b(k_b) ÷ (verify time of the ragged rows Σ_b (k_b + 1) + draft time of the bucket), from
+               the calibrated cost model and each sequence's smoothed acceptance
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specjax import costmodel
+from specjax.errors import SpecjaxError
+
+
+@dataclasses.dataclass
+class Observation:
+  live_B: np.ndarray          # bool [B]: slots holding a request that is still decoding
+  context_B: np.ndarray       # int [B]: committed tokens per slot
+  alpha_BxP: np.ndarray       # float [B, P]: smoothed P(position j accepted | j − 1 accepted), j = 1..P
+
+  @property
+  def batch(self) -> int:
+    return int(np.sum(self.live_B))
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  k: int                      # the bucket (compiled engine) for this step
+  k_B: np.ndarray             # int [B]: each sequence's k_active (≤ k; 0 for idle slots)
+
+
+def _uniform(obs: Observation, k: int) -> Decision:
+  return Decision(k, np.where(obs.live_B, k, 0).astype(np.int32))
+
+
+class FixedK:
+  def __init__(self, k: int):
+    self.k, self.name = int(k), f"fixed-{k}"
+
+  def choose(self, obs: Observation) -> Decision:
+    return _uniform(obs, self.k)
+
+
+class OffAboveBatch:
+  def __init__(self, k: int, max_batch: int):
+    self.k, self.max_batch, self.name = int(k), int(max_batch), f"off-above-{max_batch}"
+
+  def choose(self, obs: Observation) -> Decision:
+    return _uniform(obs, self.k if obs.batch <= self.max_batch else 0)
+
+
+def reach_probability(alpha_P: Sequence[float], k: int) -> float:
+  """P(the chain's k-th draft is accepted) = Π_{j ≤ k} α_j."""
+  return float(np.prod(np.asarray(alpha_P, float)[:k])) if k else 1.0
+
+
+class AcceptanceAdaptive:
+  def __init__(self, buckets: Sequence[int], min_reach: float = 0.3):
+    self.buckets = sorted(int(b) for b in buckets)
+    self.min_reach, self.name = float(min_reach), "adaptive"
+
+  def choose(self, obs: Observation) -> Decision:
+    k_B = np.zeros(len(obs.live_B), np.int32)
+    for b in np.flatnonzero(obs.live_B):
+      ok = [k for k in self.buckets if reach_probability(obs.alpha_BxP[b], k) >= self.min_reach]
+      k_B[b] = max(ok) if ok else 0
+    return Decision(int(k_B.max()) if k_B.size else 0, k_B)     # each k_b is a bucket, so is the largest
+
+
+class GoodputOptimal:
+  """Maximise predicted committed tokens per second.
+
+  ``step_s(rows_B, contexts_B)``: predicted seconds of a verify forward with those ragged rows (default: the
+  cost model's ``ragged_step_time``); ``draft_s(k, batch)``: the drafter's seconds for a step of bucket k."""
+
+  def __init__(self, buckets: Sequence[int], step_s: Callable, draft_s: Callable, per_sequence: bool = True):
+    self.buckets = sorted(int(b) for b in buckets)
+    self.step_s, self.draft_s = step_s, draft_s
+    self.per_sequence, self.name = per_sequence, "goodput"
+    self.last_prediction: dict = {}
+
+  def _rate(self, obs: Observation, k_B: np.ndarray, k: int) -> float:
+    live = obs.live_B
+    tokens = sum(costmodel.expected_accepted(obs.alpha_BxP[b], int(k_B[b])) for b in np.flatnonzero(live))
+    rows = np.where(live, k_B + 1, 0)
+    return tokens / (self.step_s(rows, obs.context_B) + (self.draft_s(k, obs.batch) if k else 0.0))
+
+  def choose(self, obs: Observation) -> Decision:
+    live_idx = np.flatnonzero(obs.live_B)
+    B = len(obs.live_B)
+    best = (self._rate(obs, np.zeros(B, np.int32), 0), 0, np.zeros(B, np.int32))
+    if not live_idx.size:
+      return Decision(0, best[2])
+    for k in (b for b in self.buckets if b > 0):
+      if not self.per_sequence:
+        k_B = np.where(obs.live_B, k, 0).astype(np.int32)
+        cand = (self._rate(obs, k_B, k), k, k_B)
+      else:
+        # Add draft positions in order of their marginal expected tokens (each sequence's gains shrink with
+        # depth, so the order keeps every sequence's positions 1..k_b); keep the best prefix.
+        gains = [(reach_probability(obs.alpha_BxP[b], j), b) for b in live_idx for j in range(1, k + 1)]
+        gains.sort(key=lambda g: -g[0])
+        k_B = np.zeros(B, np.int32)
+        cand = (-1.0, k, k_B.copy())
+        for _, b in gains:
+          k_B[b] += 1
+          r = self._rate(obs, k_B, k)
+          if r > cand[0]:
+            cand = (r, k, k_B.copy())
+      if cand[0] > best[0]:
+        best = cand
+    self.last_prediction = {"tokens_per_s": best[0], "k": best[1]}
+    return Decision(best[1], best[2])
+
+
+POLICIES = ("fixed", "off-above", "adaptive", "goodput")
+
+
+def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 8), max_batch: int = 4,
+                min_reach: float = 0.3, step_s: Callable | None = None, draft_s: Callable | None = None,
+                per_sequence: bool = True):
+  """A policy by name (``--policy``); ``fixed`` and ``off-above`` use ``k``, the others choose from
+  ``buckets``; ``goodput`` needs the cost functions."""
+  if name == "fixed":
+    return FixedK(k)
+  if name == "off-above":
+    return OffAboveBatch(k, max_batch)
+  if name == "adaptive":
+    return AcceptanceAdaptive(buckets, min_reach)
+  if name == "goodput":
+    if step_s is None or draft_s is None:
+      raise SpecjaxError("the goodput policy needs the cost model's step and draft times")
+    return GoodputOptimal(buckets, step_s, draft_s, per_sequence)
+  raise SpecjaxError(f"unknown policy '{name}': choose one of {', '.join(POLICIES)}")
+
+
+class AcceptanceTracker:
+  """Per-slot smoothed acceptance by position, from what each step accepted.
+
+  α_j = P(position j accepted | position j − 1 accepted), where a position the drafter left empty counts as
+  not accepted (it yields nothing either).  A step that offered k_b and accepted n_b observes successes at
+  positions 1..n_b and, if n_b < k_b, one failure at n_b + 1; later positions are unobserved.  A new request
+  starts from the running average over all requests (``prior``)."""
+
+  def __init__(self, slots: int, positions: int, decay: float = 0.7, prior: float = 0.5):
+    self.decay = decay
+    self.alpha = np.full((slots, positions), prior)
+    self.prior = np.full(positions, prior)
+
+  def reset(self, slot: int) -> None:
+    self.alpha[slot] = self.prior
+
+  def update(self, live_B: np.ndarray, offered_B: np.ndarray, accepted_B: np.ndarray) -> None:
+    P = self.alpha.shape[1]
+    for b in np.flatnonzero(live_B & (offered_B > 0)):
+      n, k = int(accepted_B[b]), int(offered_B[b])
+      for j in range(min(n, P)):
+        self._observe(b, j, 1.0)
+      if n < k and n < P:
+        self._observe(b, n, 0.0)
+
+  def _observe(self, b: int, j: int, x: float) -> None:
+    self.alpha[b, j] = self.decay * self.alpha[b, j] + (1 - self.decay) * x
+    self.prior[j] = 0.98 * self.prior[j] + 0.02 * x

@@ -1,0 +1,171 @@
+"""Scheduling policies on synthetic inputs, the acceptance tracker, and the continuous-batching engine: requests
+arriving while others decode get exactly what plain greedy decoding gives each prompt alone, under every
+policy; nothing recompiles once warm; refusals, cancellation and a full queue."""
+import numpy as np
+import pytest
+
+from specjax import api
+from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
+from tests.compile_counter import count_compiles
+from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+
+BUCKETS = (0, 1, 2, 4)
+
+
+def _obs(alpha_rows, live=None, ctx=100):
+  alpha = np.asarray(alpha_rows, float)
+  B = alpha.shape[0]
+  live = np.ones(B, bool) if live is None else np.asarray(live)
+  return pol.Observation(live, np.full(B, ctx), alpha)
+
+
+def test_fixed_and_off_above():
+  obs = _obs([[0.5] * 4] * 3, live=[True, False, True])
+  d = pol.FixedK(4).choose(obs)
+  assert d.k == 4 and d.k_B.tolist() == [4, 0, 4]
+  off = pol.OffAboveBatch(4, max_batch=2)
+  assert off.choose(obs).k == 4
+  assert off.choose(_obs([[0.5] * 4] * 3)).k == 0           # 3 live > 2
+
+
+def test_adaptive_follows_each_sequence_acceptance():
+  obs = _obs([[0.95] * 4, [0.6, 0.5, 0.5, 0.5], [0.1] * 4])
+  d = pol.AcceptanceAdaptive(BUCKETS, min_reach=0.3).choose(obs)
+  # 0.95^4 = 0.81 → 4; 0.6 then 0.3 (reach at 2 = 0.3) → 2; 0.1 < 0.3 → 0.
+  assert d.k_B.tolist() == [4, 2, 0] and d.k == 4
+
+
+def _toy_costs(weights_s=0.02, per_row_s=0.0, ridge_rows=8):
+  """A step costs max(weights_s, per_row_s × rows beyond nothing) — memory-bound below ridge_rows rows."""
+  def step_s(rows_B, ctx_B):
+    R = float(np.sum(rows_B))
+    return max(weights_s, weights_s * R / ridge_rows) if per_row_s == 0 else weights_s + per_row_s * R
+  return step_s, (lambda k, B: 0.0)
+
+
+def test_goodput_speculates_while_memory_bound_and_stops_past_the_ridge():
+  step_s, draft_s = _toy_costs(ridge_rows=8)
+  g = pol.GoodputOptimal(BUCKETS, step_s, draft_s)
+  # One live sequence with good acceptance: 5 rows are below the ridge, so k = 4 is free.
+  assert g.choose(_obs([[0.8] * 4], ctx=100)).k == 4
+  # Sixteen sequences: every extra row costs time; at α = 0.3 drafting loses.
+  d = g.choose(_obs([[0.3] * 4] * 16))
+  assert d.k == 0 and d.k_B.sum() == 0
+  # Easy and hard sequences mixed below the ridge: the spare rows go to the easy ones only.
+  mixed = _obs([[0.95] * 4] * 2 + [[0.05] * 4] * 2)
+  d = g.choose(mixed)
+  assert d.k > 0 and all(d.k_B[:2] > 0) and not any(d.k_B[2:])
+  # The choice beats every uniform alternative (same k for all).
+  rate = g._rate(mixed, d.k_B, d.k)
+  for k in BUCKETS:
+    assert rate > g._rate(mixed, np.full(4, k, np.int32), k)
+
+
+def test_tracker_counts_first_failure_only():
+  t = pol.AcceptanceTracker(2, 4, decay=0.5, prior=0.5)
+  t.update(np.array([True, True]), np.array([4, 4]), np.array([2, 4]))
+  # Slot 0: positions 1, 2 accepted (→ 0.75), 3 failed (→ 0.25), 4 unobserved (0.5).
+  assert t.alpha[0].tolist() == [0.75, 0.75, 0.25, 0.5]
+  assert t.alpha[1].tolist() == [0.75] * 4
+  t.update(np.array([True, False]), np.array([0, 4]), np.array([0, 0]))   # nothing offered: no change
+  assert t.alpha[0].tolist() == [0.75, 0.75, 0.25, 0.5]
+  t.reset(0)
+  assert np.all(t.alpha[0] == t.prior)
+
+
+def test_poisson_trace():
+  tr = trace_lib.poisson(["a", "b"], 2.0, 200, seed=1)
+  t = np.array([r["arrival"] for r in tr])
+  assert t[0] == 0 and np.all(np.diff(t) >= 0)
+  assert 0.35 < np.mean(np.diff(t)) < 0.65                    # mean gap 1/rate
+  assert [r["prompt"] for r in tr[:3]] == ["a", "b", "a"]
+  assert all(r["arrival"] == 0 for r in trace_lib.poisson(["a"], 0, 5))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  path = write_gguf(tmp_path_factory.mktemp("serve") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))
+  return api.load(str(path))
+
+
+PROMPTS = ["hello world " * (i % 4 + 1) + str(i) for i in range(7)]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+  return [api.generate(tiny, [p], max_new_tokens=12)[0][0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("drafter,policy", [("ngram", "adaptive"), ("ngram", "goodput"),
+                                            ("layerskip", "goodput"), ("none", "fixed")])
+def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, drafter, policy):
+  step_s, draft_s = _toy_costs(ridge_rows=6)
+  kw = {"draft_layers": "1"} if drafter == "layerskip" else {}
+  if policy == "goodput":
+    eng = bt.ContinuousBatcher(tiny, slots=3, max_len=128, drafter=drafter, buckets=BUCKETS,
+                               policy=pol.GoodputOptimal(BUCKETS, step_s, draft_s), **kw)
+  else:
+    eng = factory.make_batcher(tiny, drafter=drafter, policy=policy, k=4, buckets=BUCKETS, slots=3, max_len=128,
+                               **kw)
+  eng.warmup(32)
+  encoded = [tiny.tokenizer.encode_chat(p) for p in PROMPTS]
+  # 7 requests over 3 slots, two submitted before each step: later ones arrive while earlier ones decode, and
+  # some wait in the queue for a slot.
+  reqs = [bt.Request(e, 12, rid=i) for i, e in enumerate(encoded)]
+  pending, steps, most = list(reqs), 0, 0
+  with count_compiles() as compiles:
+    while pending or not all(r.done for r in reqs):
+      for _ in range(2):
+        if pending:
+          eng.submit(pending.pop(0))
+      eng.step()
+      steps += 1
+      most = max(most, eng.num_running)
+  assert compiles() == 0, "serving compiled after warm-up"
+  for r, want in zip(reqs, plain):
+    assert r.tokens == want, (r.rid, r.tokens, want)
+    assert r.finish_reason in ("stop", "length")
+  assert most == 3                                    # requests really overlapped, every slot in use
+  if drafter != "none":
+    assert np.mean([h.k for h in eng.history]) > 0
+
+
+def test_trace_replay_report(tiny, plain):
+  eng = factory.make_batcher(tiny, drafter="ngram", policy="adaptive", buckets=BUCKETS, slots=2, max_len=128)
+  eng.warmup(32)
+  encoded = [tiny.tokenizer.encode_chat(p) for p in PROMPTS]
+  tr = trace_lib.poisson(PROMPTS, 50.0, 7, seed=0, max_tokens=12)
+  reqs = [bt.Request(encoded[i], t["max_tokens"], rid=i, arrival=t["arrival"]) for i, t in enumerate(tr)]
+  rep = eng.run(reqs, time_limit=120)
+  assert rep["served"] == 7 and rep["tokens"] == sum(len(p) for p in plain)
+  assert [r.tokens for r in reqs] == plain
+  assert rep["tokens_per_s"] > 0 and rep["ttft_s"]["p50"] >= 0 and rep["itl_s"]["p99"] >= rep["itl_s"]["p50"]
+  assert rep["steps"] == len(rep["k_over_time"]) > 0
+
+
+def test_refusals_cancellation_and_full_queue(tiny):
+  eng = factory.make_batcher(tiny, drafter="ngram", policy="fixed", k=4, slots=2, max_len=64, max_queue=3)
+  with pytest.raises(bt.AdmissionError, match="does not fit the 64-slot KV buffers"):
+    eng.submit(bt.Request(list(range(3, 60)), 8))
+  with pytest.raises(bt.AdmissionError, match="max_tokens must be >= 1"):
+    eng.submit(bt.Request([5, 6], 0))
+  reqs = [bt.Request([5, 6, 7], 40, rid=i) for i in range(3)]
+  for r in reqs:
+    eng.submit(r)
+  with pytest.raises(bt.QueueFull, match="limit 3"):
+    eng.submit(bt.Request([5, 6, 7], 4))
+  eng.step()                                          # two admitted, one waits
+  assert eng.num_running == 2 and len(eng.queue) == 1
+  eng.cancel(reqs[0])
+  eng.step()                                          # the cancelled slot is freed and the third admitted
+  assert reqs[0].finish_reason == "cancelled"
+  while not all(r.done for r in reqs):
+    eng.step()
+  assert all(r.finish_reason in ("stop", "length") and r.tokens for r in reqs[1:])
+  assert eng.num_running == 0
+  # The engine keeps serving after all of that.
+  r = bt.Request([5, 6, 7], 5)
+  eng.submit(r)
+  while not r.done:
+    eng.step()
+  assert len(r.tokens) >= 1
