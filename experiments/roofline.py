@@ -29,7 +29,7 @@ def time_forward(m: api.Model, B: int, T: int, context: int, repeats: int = 5) -
 
   f = jax.jit(fwd, donate_argnums=(1,))
   cache = kv_cache.init_cache(cfg, B, S)
-  lengths = jax.device_put(np.full((B,), context, np.int32))
+  lengths = np.full((B,), context, np.int32)     # host array: a fresh buffer each call (the cache is donated)
   tokens = jax.device_put(np.random.default_rng(B * 100 + T).integers(3, cfg.vocab_size, (B, T)).astype(np.int32))
   positions = jax.device_put(np.broadcast_to(context + np.arange(T, dtype=np.int32), (B, T)).copy())
   times = []

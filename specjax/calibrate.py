@@ -4,7 +4,9 @@ Three probes, each the best of a few repeats:
   bandwidth  the read bandwidth a decoding step can reach: the decode matmul kernel (native on the CPU, else
              XLA) streaming a weight matrix far larger than the caches, one row of x (``bench``'s raw DRAM
              probes are recorded beside it);
-  matmul     FLOP/s of a compute-bound matmul of decoding's shapes (many rows against a weight matrix);
+  matmul     FLOP/s of the decode matmul at 128 rows (compute-bound: a verification or a large batch);
+  overlap    how much arithmetic hides behind the memory stream (8 rows over the streamed weight): 1 on
+             accelerators, near 0 on a CPU whose cores both stream and compute;
   floor      a step's fixed cost: a tiny model (width 64) decoding one token at two depths, so that the floor
              is a + b · layers (dispatch, the sampling tail, per-kernel launches).
 
@@ -35,22 +37,38 @@ def _best_seconds(fn, repeats: int) -> float:
   return best
 
 
+def _stream_matrix(nbytes: int, D: int = 1024):
+  # Random values: pages of identical content may be merged by the host (KSM), which would read from cache.
+  return jax.random.normal(jax.random.PRNGKey(0), (nbytes // (4 * D), D), jnp.float32)
+
+
+def _time_rows(w, M: int, repeats: int) -> float:
+  x = jnp.ones((M, w.shape[1]), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t)
+  return _best_seconds(lambda: f(x, w), repeats)
+
+
 def probe_stream(nbytes: int = 512 << 20, repeats: int = 5) -> float:
   """Bytes/s the decode matmul reaches streaming a [N, 1024] fp32 weight against one row."""
-  D = 1024
-  N = nbytes // (4 * D)
-  w = jnp.ones((N, D), jnp.float32) * 0.5
-  x = jnp.ones((1, D), jnp.float32)
-  f = jax.jit(cpu_matmul.matmul_t)
-  return N * D * 4 / _best_seconds(lambda: f(x, w), repeats)
+  w = _stream_matrix(nbytes)
+  return w.size * 4 / _time_rows(w, 1, repeats)
 
 
-def probe_matmul(M: int = 512, D: int = 1024, N: int = 4096, repeats: int = 5) -> float:
-  """FLOP/s of x[M, D] · w[N, D]ᵀ (compute-bound at this M)."""
-  x = jnp.ones((M, D), jnp.float32)
-  w = jnp.ones((N, D), jnp.float32)
-  f = jax.jit(cpu_matmul.matmul_t)
-  return 2 * M * D * N / _best_seconds(lambda: f(x, w), repeats)
+def probe_matmul(M: int = 128, D: int = 1024, N: int = 4096, repeats: int = 5) -> float:
+  """FLOP/s of the decode matmul at M rows (x[M, D] · w[N, D]ᵀ; compute-bound at this M): the kernel a
+  verification or a batch of decode steps runs."""
+  w = jax.random.normal(jax.random.PRNGKey(1), (N, D), jnp.float32)
+  return 2 * M * D * N / _time_rows(w, M, repeats)
+
+
+def probe_overlap(bandwidth: float, flops: float, rows: int = 8, nbytes: int = 512 << 20,
+                  repeats: int = 5) -> float:
+  """How much of the arithmetic hides behind the memory stream: a few rows over a weight far larger than the
+  caches take max(C, M) + (1 − overlap) · min(C, M)."""
+  w = _stream_matrix(nbytes)
+  t = _time_rows(w, rows, repeats)
+  mem, comp = w.size * 4 / bandwidth, 2 * rows * w.size / flops
+  return float(np.clip(1 - (t - max(mem, comp)) / min(mem, comp), 0.0, 1.0))
 
 
 def _tiny_step_seconds(num_layers: int, repeats: int) -> float:
@@ -109,16 +127,18 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
   stream = probe_stream(nbytes=(128 << 20) if quick else (512 << 20), repeats=reps)
   log(f"[calibrate] stream {stream / 1e9:.1f} GB/s (raw DRAM probes best {raw['best']:.1f} GB/s); matmul probe…")
   flops = probe_matmul(repeats=reps)
-  log(f"[calibrate] matmul {flops / 1e9:.1f} GFLOP/s; floor probe…")
+  overlap = probe_overlap(stream, flops, nbytes=(128 << 20) if quick else (512 << 20), repeats=reps)
+  log(f"[calibrate] matmul {flops / 1e9:.1f} GFLOP/s, compute/memory overlap {overlap:.2f}; floor probe…")
   a, b = probe_floor(repeats=10 if quick else 30)
   log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer")
   mem = _memory_bytes()
   spec = costmodel.DeviceSpec(
       name=f"calibrated:{machine_tag(desc)}", peak_flops={"float32": flops}, mem_bandwidth=stream,
-      memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b,
+      memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b, overlap=overlap,
       source=f"specjax calibrate on {machine.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
   rec = {"spec": spec.to_dict(), "machine": desc,
          "probes": {"stream_bytes_per_s": stream, "raw_read_gb_per_s": raw, "matmul_flops": flops,
+                    "overlap": overlap,
                     "floor_s": a, "floor_per_layer_s": b}}
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_suffix(".tmp")

@@ -5,7 +5,7 @@ context of C committed tokens:
 
   FLOPs  = matmuls 2·B·T·(per-layer weights)·L + attention 4·B·H·E·Σ_t (C + t + 1) per layer + head 2·B·T·D·V
   bytes  = every weight once per pass + the KV window read (C + T slots) + the new K/V written + token rows
-  time   = max(FLOPs ÷ peak, bytes ÷ bandwidth) + floor
+  time   = max(FLOPs ÷ peak, bytes ÷ bandwidth) + (1 − overlap) · min(…) + floor
 
 Below the ridge point (arithmetic intensity = FLOPs ÷ bytes < peak ÷ bandwidth) the step is memory-bound: its
 time hardly moves with T, so verifying k drafts costs about one plain step and speculation pays.  Above it
@@ -44,6 +44,9 @@ class DeviceSpec:
   floor_s: float = 0.0             # fixed cost of a step (dispatch, launches, the sampling tail)
   floor_per_layer_s: float = 0.0   # and per layer (kernel launches, small ops)
   source: str = ""                 # where the numbers come from
+  overlap: float = 1.0             # how much compute hides behind memory traffic: 1 = perfectly (the roofline's
+                                   # max; accelerators), 0 = not at all (a sum; CPU cores that both stream and
+                                   # compute); ``calibrate`` measures it
 
   def peak(self, dtype: str) -> float:
     if dtype not in self.peak_flops or not self.peak_flops[dtype]:
@@ -57,6 +60,10 @@ class DeviceSpec:
 
   def floor(self, num_layers: int) -> float:
     return self.floor_s + self.floor_per_layer_s * num_layers
+
+  def combine(self, compute_s: float, memory_s: float) -> float:
+    """max(compute, memory) + (1 − overlap) · min(compute, memory): the roofline when the two overlap."""
+    return max(compute_s, memory_s) + (1.0 - self.overlap) * min(compute_s, memory_s)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -176,10 +183,11 @@ def step_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int =
 
 def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
               kv_dtype: str | None = None, comm_bytes: float = 0.0) -> float:
-  """Predicted seconds for one forward: max(compute, memory) + communication + floor."""
+  """Predicted seconds for one forward: max(compute, memory) (+ the part that does not overlap) +
+  communication + floor."""
   c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
   comm = comm_bytes / spec.interconnect_bandwidth if comm_bytes and spec.interconnect_bandwidth else 0.0
-  return max(c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth) + comm + spec.floor(cfg.num_layers)
+  return spec.combine(c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth) + comm + spec.floor(cfg.num_layers)
 
 
 def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], contexts_B: Sequence[int],
@@ -201,7 +209,7 @@ def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], 
   weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
   kv = L * kv_slot * (sum(c + r for r, c in zip(rows, ctx) if r) + R)
   other = R * D * b + R * V * 4
-  return max(flops / spec.peak(dtype), (weights + kv + other) / spec.mem_bandwidth) + spec.floor(L)
+  return spec.combine(flops / spec.peak(dtype), (weights + kv + other) / spec.mem_bandwidth) + spec.floor(L)
 
 
 def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32") -> dict:

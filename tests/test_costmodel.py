@@ -122,6 +122,7 @@ def test_buffer_length_buckets():
 def test_calibration_is_saved_and_reused(tmp_path, monkeypatch):
   monkeypatch.setattr(calibrate, "probe_stream", lambda nbytes, repeats: 12.5e9)
   monkeypatch.setattr(calibrate, "probe_matmul", lambda repeats: 100e9)
+  monkeypatch.setattr(calibrate, "probe_overlap", lambda bw, fl, nbytes, repeats: 0.25)
   monkeypatch.setattr(bench, "measure_read_bandwidth", lambda nbytes, repeats: {"best": 20.0})
   out = tmp_path / "cal.json"
   rec = calibrate.calibrate(path=str(out), log=lambda m: None, quick=True)
