@@ -12,6 +12,7 @@ token and inter-token latency.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from specjax import api, calibrate, costmodel
@@ -33,7 +34,16 @@ def _position_acceptance(state) -> list[float]:
   return [float(a / r) if r else 0.0 for a, r in zip(acc, reach)]
 
 
+def _decode_rate(history, tokens: int) -> float:
+  """Tokens per second of decoding: committed tokens over the seconds of the steps (admission prefill, which
+  the cost model's step does not include, is left out)."""
+  return tokens / max(sum(h.seconds for h in history), 1e-9)
+
+
 def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max_len: int, log, **dkw) -> dict:
+  """The same ``len(encoded)`` requests at every B (B slots, the rest queued; EOS ignored, so every request
+  decodes max_new tokens), plainly and with k: decode speed ratio per B, and the cost model's prediction
+  from the acceptance per position and the rows per sequence measured at the smallest B."""
   rows, acc_B1, rows_per_seq = [], None, None
   for B in batches:
     eng = factory.make_batcher(m, drafter=drafter, policy="fixed", k=k, slots=B, max_len=max_len, eos_ids=(),
@@ -43,22 +53,23 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
     for label, policy in (("plain", pol.FixedK(0)), ("spec", pol.FixedK(k))):
       eng.policy = policy
       eng.history.clear()
-      before = eng.state.stats
-      reqs = _requests(encoded, [{"arrival": 0.0, "max_tokens": max_new}] * B)
+      before = jax.device_get(eng.state.stats)       # the state is donated at each step
+      reqs = _requests(encoded, [{"arrival": 0.0, "max_tokens": max_new}] * len(encoded))
       rep = eng.run(reqs)
-      res[label] = rep
+      res[label] = {"rate": _decode_rate(eng.history, rep["tokens"]), "steps": len(eng.history),
+                    "live": sum(h.live for h in eng.history), "tokens": rep["tokens"]}
       if label == "spec" and B == batches[0]:
-        acc, reach = (np.asarray(eng.state.stats.pos_accepted_K) - np.asarray(before.pos_accepted_K),
-                      np.asarray(eng.state.stats.pos_reached_K) - np.asarray(before.pos_reached_K))
+        after = jax.device_get(eng.state.stats)
+        acc = np.asarray(after.pos_accepted_K) - np.asarray(before.pos_accepted_K)
+        reach = np.asarray(after.pos_reached_K) - np.asarray(before.pos_reached_K)
         acc_B1 = [float(a / r) if r else 0.0 for a, r in zip(acc[:k], reach[:k])]
-        live = sum(h.live for h in eng.history)
-        rows_per_seq = sum(h.rows for h in eng.history) / max(live, 1)
-    measured = res["spec"]["tokens_per_s"] / res["plain"]["tokens_per_s"]
-    rows.append({"B": B, "plain_tokens_per_s": res["plain"]["tokens_per_s"],
-                 "spec_tokens_per_s": res["spec"]["tokens_per_s"], "speedup_measured": measured,
-                 "tau_measured": res["spec"]["tokens"] / max(sum(h.live for h in eng.history), 1)})
-    log(f"[batch_sweep] B={B}: plain {res['plain']['tokens_per_s']:.1f} tok/s, k={k} "
-        f"{res['spec']['tokens_per_s']:.1f} tok/s: speedup {measured:.2f}")
+        rows_per_seq = sum(h.rows for h in eng.history) / max(res[label]["live"], 1)
+    measured = res["spec"]["rate"] / res["plain"]["rate"]
+    rows.append({"B": B, "plain_tokens_per_s": res["plain"]["rate"], "spec_tokens_per_s": res["spec"]["rate"],
+                 "speedup_measured": measured,
+                 "tau_measured": res["spec"]["tokens"] / max(res["spec"]["live"], 1)})
+    log(f"[batch_sweep] B={B}: plain {res['plain']['rate']:.1f} tok/s, k={k} {res['spec']['rate']:.1f} tok/s "
+        f"(decode steps only): speedup {measured:.2f}, τ {rows[-1]['tau_measured']:.2f}")
   ctx = int(np.mean([len(e) for e in encoded]) + max_new / 2)
   for r in rows:
     B = r["B"]
@@ -76,6 +87,7 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
                 batches=(1, 2, 4, 8, 16, 32), rates=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), requests: int = 32,
                 max_new_tokens: int = 64, policies=("never", "always", "off-above", "adaptive", "goodput"),
                 max_batch: int = 4, seed: int = 0, device: str | None = None, run_crossover: bool = True,
+                crossover_requests: int = 32,
                 log=print) -> dict:
   spec = calibrate.load_or_calibrate(device, log=log)
   m = api.load(model)
@@ -84,7 +96,8 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
   max_len = costmodel.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
   out = {"title": f"batch sweep: {model}, {drafter}, {len(chosen)} prompts, {max_new_tokens} new tokens"}
   if run_crossover:
-    cross = crossover(m, spec, encoded[:max(batches)], drafter, k, list(batches), max_new_tokens, max_len, log)
+    reqs = [encoded[i % len(encoded)] for i in range(crossover_requests)]
+    cross = crossover(m, spec, reqs, drafter, k, list(batches), max_new_tokens, max_len, log)
     out.update({"crossover_rows": cross["rows"], "crossover_batch_measured": cross["crossover_batch_measured"],
                 "crossover_batch_predicted": cross["crossover_batch_predicted"],
                 "acceptance_by_position": cross["acceptance_by_position"]})

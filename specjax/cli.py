@@ -92,14 +92,14 @@ def _buckets(text: str) -> tuple[int, ...]:
   return vals
 
 
-def _serving_engine(args, m, max_len: int):
+def _serving_engine(args, m, max_len: int, **kwargs):
   from specjax import calibrate
   from specjax.serving import factory
   draft = _load_draft(args)
   spec = calibrate.load_or_calibrate(args.device, log=_log) if args.policy == "goodput" else None
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=_buckets(args.buckets),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
-                              draft=draft, draft_layers=args.draft_layers, seed=args.seed,
+                              draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
                               **({"ngram": args.ngram, "ngram_caps": _ngram_caps(args.ngram_caps)}
                                  if args.drafter == "ngram" else {}))
 
@@ -235,6 +235,30 @@ def build_parser() -> argparse.ArgumentParser:
   ss.add_argument("--max-new-tokens", type=int, default=64)
   ss.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
   ss.add_argument("--json", action="store_true")
+
+  sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+                                    "/health, /metrics) over the continuous-batching engine")
+  _add_model(sv)
+  _add_drafter(sv, trees=False, default="none")
+  _add_serving(sv)
+  sv.add_argument("--host", default="127.0.0.1")
+  sv.add_argument("--port", type=int, default=8000)
+  sv.add_argument("--temperature", type=float, default=0.0, help="the sampling temperature of every request")
+  sv.add_argument("--top-p", type=float, default=1.0)
+  sv.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429s")
+  sv.add_argument("--default-max-tokens", type=int, default=256)
+
+  lg = sub.add_parser("loadgen", help="drive a running server over HTTP with a Poisson trace: throughput, time "
+                                       "to first token, inter-token latency, the k chosen over time")
+  lg.add_argument("--url", default="http://127.0.0.1:8000")
+  lg.add_argument("--rate", type=float, default=1.0, help="requests per second (0: all at once)")
+  lg.add_argument("--requests", type=int, default=16)
+  lg.add_argument("--prompts", default="specjax-prompts")
+  lg.add_argument("--category", action="append", default=None)
+  lg.add_argument("--max-tokens", type=int, default=64)
+  lg.add_argument("--seed", type=int, default=0)
+  lg.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
+  lg.add_argument("--json", action="store_true")
 
   m = sub.add_parser("models", help="list known models and whether each is cached")
   m.add_argument("--json", action="store_true")
@@ -545,6 +569,56 @@ def cmd_serve_sim(args) -> int:
   return 0
 
 
+def cmd_serve(args) -> int:
+  from specjax import sampling
+  from specjax.errors import SpecjaxError
+  from specjax.serving import server
+  _check_drafter(args)
+  try:
+    import uvicorn
+  except ImportError as e:
+    raise SpecjaxError("specjax serve needs uvicorn and fastapi: pip install 'specjax[serve]'") from e
+  try:
+    sp = sampling.SamplingParams(args.temperature, 0, args.top_p)
+  except ValueError as e:
+    raise SpecjaxError(str(e)) from e
+  m = _load(args)
+  max_len = args.max_len or 2048
+  eng = _serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue)
+  _log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, policy {eng.policy.name}, "
+       f"buckets {eng.buckets}: compiling…")
+  _log(f"[serve] warm-up {eng.warmup(512):.1f}s")
+  worker = server.EngineWorker(eng, max_queue=args.max_queue)
+  worker.start()
+  app = server.create_app(worker, m.tokenizer, m.source if hasattr(m, "source") else args.model, sp,
+                          args.default_max_tokens)
+  _log(f"[serve] listening on http://{args.host}:{args.port}")
+  uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+  worker.stop()
+  return 0
+
+
+def cmd_loadgen(args) -> int:
+  from specjax.prompts import load_prompts
+  from specjax.serving import loadgen, trace as trace_lib
+  prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+  tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
+  rep = loadgen.run(args.url, tr, log=_log)
+  if args.plot:
+    from specjax.serving import plots
+    plots.k_over_time(rep, args.plot)
+
+  def human(r):
+    print(f"{r['served']}/{r['requests']} served ({r['failed']} failed) in {r['wall_s']:.1f}s: "
+          f"{r['tokens_per_s']:.1f} tok/s")
+    for name in ("ttft_s", "itl_s"):
+      q = r[name]
+      if q["p50"] is not None:
+        print(f"  {name[:-2]:5s} p50 {q['p50'] * 1e3:8.1f} ms  p90 {q['p90'] * 1e3:8.1f} ms  p99 {q['p99'] * 1e3:8.1f} ms")
+  _emit(rep, args.json, human)
+  return 0
+
+
 def cmd_models(args) -> int:
   from specjax.checkpoints import drafter_io, list_models
   rows = list_models()
@@ -625,7 +699,8 @@ def cmd_cache(args) -> int:
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
             "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
-            "calibrate": cmd_calibrate, "cost": cmd_cost, "serve-sim": cmd_serve_sim}
+            "calibrate": cmd_calibrate, "cost": cmd_cost, "serve-sim": cmd_serve_sim,
+            "serve": cmd_serve, "loadgen": cmd_loadgen}
 
 
 def _error(line: str) -> None:

@@ -212,6 +212,26 @@ def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], 
   return spec.combine(flops / spec.peak(dtype), (weights + kv + other) / spec.mem_bandwidth) + spec.floor(L)
 
 
+def rows_step_time(spec: DeviceSpec, cfg: ModelConfig, total_rows, contexts_B: Sequence[int],
+                   dtype: str = "float32"):
+  """``ragged_step_time`` as a function of the total rows alone (vectorised over ``total_rows``), for a
+  scheduler weighing many choices per iteration: the live sequences' contexts give the KV reads; each row
+  attends to the mean context (+ 1)."""
+  import numpy as np
+  b = DTYPE_BYTES[dtype]
+  L, D, V, H, K, E = (cfg.num_layers, cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
+                      cfg.head_dim)
+  R = np.asarray(total_rows, float)
+  ctx = np.asarray(contexts_B, float)
+  mean_ctx = float(ctx.mean()) if ctx.size else 0.0
+  flops = L * (2.0 * R * layer_weight_count(cfg) + 4.0 * H * E * R * (mean_ctx + 1)) + 2.0 * R * D * V
+  kv_slot = 2 * K * E * b
+  weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
+  nbytes = weights + L * kv_slot * (float(ctx.sum()) + 2 * R) + R * (D * b + V * 4)
+  comp, mem = flops / spec.peak(dtype), nbytes / spec.mem_bandwidth
+  return np.maximum(comp, mem) + (1.0 - spec.overlap) * np.minimum(comp, mem) + spec.floor(L)
+
+
 def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32") -> dict:
   """The numbers behind ``step_time``, for tables and plots."""
   c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype])

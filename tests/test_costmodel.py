@@ -180,3 +180,13 @@ def test_ragged_step_time_matches_the_uniform_one_and_skips_idle_slots():
   # Idle slots (0 rows) add nothing.
   assert costmodel.ragged_step_time(spec, cfg, [5, 0, 0, 5], [300, 900, 900, 300]) == pytest.approx(
       costmodel.step_time(spec, cfg, 2, 5, 300), rel=1e-9)
+
+
+def test_rows_step_time_tracks_the_ragged_one():
+  spec = costmodel.DeviceSpec("toy", {"float32": 100e9}, 20e9, 16e9, floor_s=1e-4, overlap=0.5)
+  cfg = config.SMOLLM2_135M
+  ctx = [300, 320, 280, 310]
+  for rows in ([1, 1, 1, 1], [5, 5, 5, 5], [9, 1, 1, 3]):
+    want = costmodel.ragged_step_time(spec, cfg, rows, ctx)
+    got = costmodel.rows_step_time(spec, cfg, [sum(rows)], ctx)[0]
+    assert got == pytest.approx(want, rel=0.02)

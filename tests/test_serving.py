@@ -35,12 +35,12 @@ def test_adaptive_follows_each_sequence_acceptance():
   assert d.k_B.tolist() == [4, 2, 0] and d.k == 4
 
 
-def _toy_costs(weights_s=0.02, per_row_s=0.0, ridge_rows=8):
-  """A step costs max(weights_s, per_row_s × rows beyond nothing) — memory-bound below ridge_rows rows."""
-  def step_s(rows_B, ctx_B):
-    R = float(np.sum(rows_B))
-    return max(weights_s, weights_s * R / ridge_rows) if per_row_s == 0 else weights_s + per_row_s * R
-  return step_s, (lambda k, B: 0.0)
+def _toy_costs(weights_s=0.02, ridge_rows=8):
+  """A step of R rows costs max(weights_s, weights_s × R / ridge_rows): memory-bound below ridge_rows rows."""
+  def rows_s(total_rows, ctx):
+    R = np.asarray(total_rows, float)
+    return np.maximum(weights_s, weights_s * R / ridge_rows)
+  return rows_s, (lambda k, B: 0.0)
 
 
 def test_goodput_speculates_while_memory_bound_and_stops_past_the_ridge():
@@ -56,9 +56,9 @@ def test_goodput_speculates_while_memory_bound_and_stops_past_the_ridge():
   d = g.choose(mixed)
   assert d.k > 0 and all(d.k_B[:2] > 0) and not any(d.k_B[2:])
   # The choice beats every uniform alternative (same k for all).
-  rate = g._rate(mixed, d.k_B, d.k)
+  rate = g.rate(mixed, d.k_B, d.k)
   for k in BUCKETS:
-    assert rate > g._rate(mixed, np.full(4, k, np.int32), k)
+    assert rate > g.rate(mixed, np.full(4, k, np.int32), k)
 
 
 def test_tracker_counts_first_failure_only():

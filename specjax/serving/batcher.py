@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import costmodel, decode, sampling
+from specjax import decode, sampling
 from specjax import speculative as spec
+from specjax.api import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
 from specjax.kv_cache import init_cache
 from specjax.serving import policies as pol
@@ -39,13 +40,15 @@ class QueueFull(SpecjaxError):
   """The waiting queue is at its limit (HTTP 429)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)        # requests are compared by identity
 class Request:
   prompt_ids: list[int]
   max_new_tokens: int
   rid: Any = None
   arrival: float = 0.0                  # seconds (trace time; the batcher's clock)
   on_tokens: Callable | None = None     # called with (request, new token ids) as they are committed
+  on_finish: Callable | None = None     # called with (request) once it is finished (any reason)
+  error: str | None = None
   # filled in while serving
   slot: int | None = None
   tokens: list[int] = dataclasses.field(default_factory=list)
@@ -88,13 +91,6 @@ def admit(engine: spec.Engine, target_params, draft_params, state: spec.SpecStat
 @functools.partial(jax.jit, donate_argnames=("state",))
 def _finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
   return state.replace(done_B=state.done_B.at[slot].set(True))
-
-
-def _prompt_bucket(n: int) -> int:
-  b = 16
-  while b < n:
-    b *= 2
-  return b
 
 
 @dataclasses.dataclass
@@ -168,16 +164,16 @@ class ContinuousBatcher:
     """Compile every bucket's step and the admission prefill of every prompt bucket up to ``longest_prompt``
     tokens, so that serving compiles nothing; returns seconds."""
     t0 = time.perf_counter()
-    P = 16
-    while True:
-      n = min(P, self.max_len - 2 - self.headroom())
-      r = Request([1] * max(n, 1), 1, rid="warmup")
+    longest = min(longest_prompt, self.max_len - 1 - self.headroom())
+    n = 1
+    while True:                                          # one request per prompt bucket up to the longest
+      r = Request([1] * n, 1, rid="warmup")
       self.submit(r)
       while not r.done:
         self.step()
-      if P >= min(longest_prompt, self.max_len) or n < P:
+      if prompt_bucket(n) >= longest:
         break
-      P *= 2
+      n = min(prompt_bucket(n) + 1, longest)
     for k, eng in self.engines.items():   # a step of each bucket on an all-finished batch: compiles, no change
       self.state = spec.step_jit(eng, self.m.exec_params, self.draft_params, self.state,
                                  jax.device_put(np.zeros(self.slots, np.int32)))
@@ -225,13 +221,12 @@ class ContinuousBatcher:
       if r.cancelled:
         self._finish(r, now, "cancelled")
         continue
-      P = _prompt_bucket(len(r.prompt_ids))
-      arr = np.zeros((1, P), np.int32)
-      arr[0, :len(r.prompt_ids)] = r.prompt_ids
+      arr, lens = pad_batch([r.prompt_ids], 1,          # padded to a prompt bucket: few prefill shapes
+                            pad_to=min(prompt_bucket(len(r.prompt_ids)), self.max_len))
       self.key, sub = jax.random.split(self.key)
       self.state = admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params, self.state,
-                         jnp.int32(slot), *jax.device_put((arr, np.asarray([len(r.prompt_ids)], np.int32),
-                                                          np.asarray([r.max_new_tokens], np.int32))), sub)
+                         jnp.int32(slot), *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))),
+                         sub)
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
@@ -239,9 +234,13 @@ class ContinuousBatcher:
       self.tracker.reset(slot)
 
   def _finish(self, r: Request, now: float, reason: str) -> None:
+    if r.done:
+      return
     r.finished, r.finish_reason = now, reason
     if r.slot is not None and self.running[r.slot] is r:
       self.running[r.slot] = None
+    if r.on_finish is not None:
+      r.on_finish(r)
 
   # ------------------------------------------------------------------ one iteration
   def step(self) -> int:

@@ -12,13 +12,14 @@ from specjax.serving.batcher import ContinuousBatcher
 
 
 def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draft=None, draft_layers=None):
-  """(step_s(rows_B, contexts_B), draft_s(k, batch)) for the goodput policy.  Verification: the cost model's
-  ragged step (idle slots cost nothing).  Drafting: k single-row forwards of the draft model over every slot
-  (a model or layer-skip drafter computes all slots), nothing for n-gram lookup."""
+  """(rows_s(total_rows, live contexts), draft_s(k, batch)) for the goodput policy.  Verification: the cost
+  model's step over the rows the live sequences compute (idle slots cost nothing).  Drafting: k single-row
+  forwards of the draft model over every slot (a model or layer-skip drafter computes all slots), nothing
+  for n-gram lookup."""
   cfg = m.cfg
 
-  def step_s(rows_B, contexts_B):
-    return costmodel.ragged_step_time(spec, cfg, rows_B, contexts_B)
+  def rows_s(total_rows, contexts):
+    return costmodel.rows_step_time(spec, cfg, total_rows, contexts)
 
   dcfg = None
   if drafter == "model" and draft is not None:
@@ -34,7 +35,7 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
       return 0.0
     return k * costmodel.step_time(spec, dcfg, slots, 1, 256)
 
-  return step_s, draft_s
+  return rows_s, draft_s
 
 
 def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4,
@@ -47,14 +48,14 @@ def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4
     buckets = (0,)
   elif policy in ("fixed", "off-above"):
     buckets = (0, k)
-  step_s = draft_s = None
+  rows_s = draft_s = None
   if policy == "goodput":
     if spec is None:
       from specjax import calibrate
       spec = calibrate.load_or_calibrate()
-    step_s, draft_s = cost_functions(spec, m, drafter, slots, draft, draft_layers)
+    rows_s, draft_s = cost_functions(spec, m, drafter, slots, draft, draft_layers)
   p = pol.make_policy(policy if drafter != "none" else "fixed", k=k if drafter != "none" else 0,
-                      buckets=buckets, max_batch=max_batch, min_reach=min_reach, step_s=step_s, draft_s=draft_s,
+                      buckets=buckets, max_batch=max_batch, min_reach=min_reach, rows_s=rows_s, draft_s=draft_s,
                       per_sequence=per_sequence)
   extra = {"draft_layers": draft_layers} if drafter == "layerskip" else {}
   return ContinuousBatcher(m, slots=slots, max_len=max_len, drafter=drafter, draft=draft, buckets=buckets,

@@ -10,7 +10,7 @@ switching policy or k compiles nothing.
   adaptive     per sequence, the largest bucket whose last position is still reached with probability
                ≥ ``min_reach`` under its smoothed acceptance (easy text drafts deep, hard text shallow)
   goodput      the choice (bucket and per-sequence k) that maximises predicted committed tokens per second:
-               Σ_b τ_b(k_b) ÷ (verify time of the ragged rows Σ_b (k_b + 1) + draft time of the bucket), from
+               Σ_b τ_b(k_b) ÷ (verify time of the rows Σ_b (k_b + 1) + draft time of the bucket), from
                the calibrated cost model and each sequence's smoothed acceptance
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specjax import costmodel
 from specjax.errors import SpecjaxError
 
 
@@ -82,43 +81,53 @@ class AcceptanceAdaptive:
 class GoodputOptimal:
   """Maximise predicted committed tokens per second.
 
-  ``step_s(rows_B, contexts_B)``: predicted seconds of a verify forward with those ragged rows (default: the
-  cost model's ``ragged_step_time``); ``draft_s(k, batch)``: the drafter's seconds for a step of bucket k."""
+  ``rows_s(total_rows [n], contexts of the live sequences)``: predicted seconds of a verify forward that
+  computes each total number of rows (vectorised; the cost model's ``rows_step_time``); ``draft_s(k, batch)``:
+  the drafter's seconds for a step of bucket k.  Runs every iteration, so it is numpy, not Python loops."""
 
-  def __init__(self, buckets: Sequence[int], step_s: Callable, draft_s: Callable, per_sequence: bool = True):
+  def __init__(self, buckets: Sequence[int], rows_s: Callable, draft_s: Callable, per_sequence: bool = True):
     self.buckets = sorted(int(b) for b in buckets)
-    self.step_s, self.draft_s = step_s, draft_s
+    self.rows_s, self.draft_s = rows_s, draft_s
     self.per_sequence, self.name = per_sequence, "goodput"
     self.last_prediction: dict = {}
 
-  def _rate(self, obs: Observation, k_B: np.ndarray, k: int) -> float:
-    live = obs.live_B
-    tokens = sum(costmodel.expected_accepted(obs.alpha_BxP[b], int(k_B[b])) for b in np.flatnonzero(live))
-    rows = np.where(live, k_B + 1, 0)
-    return tokens / (self.step_s(rows, obs.context_B) + (self.draft_s(k, obs.batch) if k else 0.0))
+  def rate(self, obs: Observation, k_B: np.ndarray, k: int) -> float:
+    """Predicted committed tokens per second of one choice."""
+    live = np.flatnonzero(obs.live_B)
+    reach = np.cumprod(np.clip(obs.alpha_BxP[live], 0, 1), axis=1)               # [n, P]
+    kb = np.minimum(k_B[live], reach.shape[1])
+    tokens = len(live) + sum(float(reach[i, :kb[i]].sum()) for i in range(len(live)))
+    t = self.rows_s(np.asarray([len(live) + int(k_B[live].sum())]), obs.context_B[live])[0]
+    return tokens / (t + (self.draft_s(k, obs.batch) if k else 0.0))
 
   def choose(self, obs: Observation) -> Decision:
-    live_idx = np.flatnonzero(obs.live_B)
-    B = len(obs.live_B)
-    best = (self._rate(obs, np.zeros(B, np.int32), 0), 0, np.zeros(B, np.int32))
-    if not live_idx.size:
-      return Decision(0, best[2])
+    live = np.flatnonzero(obs.live_B)
+    B, n = len(obs.live_B), len(live)
+    none = np.zeros(B, np.int32)
+    if not n:
+      return Decision(0, none)
+    ctx = obs.context_B[live]
+    reach = np.cumprod(np.clip(obs.alpha_BxP[live], 0, 1), axis=1)                 # [n, P]: P(position j accepted)
+    best = (n / self.rows_s(np.asarray([n]), ctx)[0], 0, none)
     for k in (b for b in self.buckets if b > 0):
+      kk = min(k, reach.shape[1])
+      draft = self.draft_s(k, n)
       if not self.per_sequence:
-        k_B = np.where(obs.live_B, k, 0).astype(np.int32)
-        cand = (self._rate(obs, k_B, k), k, k_B)
+        t = self.rows_s(np.asarray([n * (1 + k)]), ctx)[0]
+        cand = ((n + reach[:, :kk].sum()) / (t + draft), k, np.where(obs.live_B, k, 0).astype(np.int32))
       else:
         # Add draft positions in order of their marginal expected tokens (each sequence's gains shrink with
-        # depth, so the order keeps every sequence's positions 1..k_b); keep the best prefix.
-        gains = [(reach_probability(obs.alpha_BxP[b], j), b) for b in live_idx for j in range(1, k + 1)]
-        gains.sort(key=lambda g: -g[0])
-        k_B = np.zeros(B, np.int32)
-        cand = (-1.0, k, k_B.copy())
-        for _, b in gains:
-          k_B[b] += 1
-          r = self._rate(obs, k_B, k)
-          if r > cand[0]:
-            cand = (r, k, k_B.copy())
+        # depth, so the order keeps every sequence's positions 1..k_b); the best prefix wins.
+        gains = reach[:, :kk].ravel()
+        owner = np.repeat(np.arange(n), kk)
+        order = np.argsort(-gains, kind="stable")
+        tokens = n + np.cumsum(gains[order])
+        rows = n + np.arange(1, len(order) + 1)
+        rates = tokens / (self.rows_s(rows, ctx) + draft)
+        i = int(np.argmax(rates))
+        k_B = none.copy()
+        np.add.at(k_B, live[owner[order[:i + 1]]], 1)
+        cand = (float(rates[i]), k, k_B)
       if cand[0] > best[0]:
         best = cand
     self.last_prediction = {"tokens_per_s": best[0], "k": best[1]}
@@ -129,7 +138,7 @@ POLICIES = ("fixed", "off-above", "adaptive", "goodput")
 
 
 def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 8), max_batch: int = 4,
-                min_reach: float = 0.3, step_s: Callable | None = None, draft_s: Callable | None = None,
+                min_reach: float = 0.3, rows_s: Callable | None = None, draft_s: Callable | None = None,
                 per_sequence: bool = True):
   """A policy by name (``--policy``); ``fixed`` and ``off-above`` use ``k``, the others choose from
   ``buckets``; ``goodput`` needs the cost functions."""
@@ -140,9 +149,9 @@ def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 
   if name == "adaptive":
     return AcceptanceAdaptive(buckets, min_reach)
   if name == "goodput":
-    if step_s is None or draft_s is None:
+    if rows_s is None or draft_s is None:
       raise SpecjaxError("the goodput policy needs the cost model's step and draft times")
-    return GoodputOptimal(buckets, step_s, draft_s, per_sequence)
+    return GoodputOptimal(buckets, rows_s, draft_s, per_sequence)
   raise SpecjaxError(f"unknown policy '{name}': choose one of {', '.join(POLICIES)}")
 
 

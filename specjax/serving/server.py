@@ -1,0 +1,404 @@
+"""``specjax serve``: an OpenAI-compatible HTTP server over the continuous-batching engine (FastAPI + uvicorn).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with server-sent events or
+not; ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``), ``GET /health``, ``GET /metrics``
+(Prometheus text: queue depth, running slots, tokens generated and tokens/s, acceptance, the k chosen),
+``GET /v1/models``.
+
+One engine thread owns the batcher (``EngineWorker``): it takes submissions and cancellations from a
+thread-safe inbox, runs iterations while there is work, and hands each request's tokens to its HTTP handler
+(an asyncio queue fed with ``call_soon_threadsafe``).  Bad requests get a 4xx with an OpenAI-style JSON error
+body; a full queue gets 429; a client that disconnects mid-stream has its request cancelled, which frees its
+slot at the next iteration.
+
+Sampling settings are compiled into the engine: the server decodes with the ``--temperature`` / ``--top-p``
+it was started with, and a request asking for other values is refused (400) rather than silently served
+differently.  ``seed`` is accepted; under continuous batching requests share one random stream, so it does
+not make sampled output reproducible (greedy output is deterministic).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import Request as HttpRequest      # at module level: FastAPI resolves handler annotations here
+
+from specjax.errors import SpecjaxError
+from specjax.serving import batcher as bt
+
+KNOWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                "seed", "stop", "stream", "stream_options", "n", "user", "logprobs", "top_logprobs",
+                "presence_penalty", "frequency_penalty", "echo", "suffix", "best_of", "logit_bias",
+                "response_format", "tools", "tool_choice", "parallel_tool_calls"}
+NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False, "best_of": 1, "logprobs": None,
+           "top_logprobs": None, "suffix": None, "logit_bias": None, "response_format": None, "tools": None,
+           "tool_choice": None, "parallel_tool_calls": None}
+
+
+class BadRequest(Exception):
+  def __init__(self, message: str, status: int = 400, param: str | None = None):
+    super().__init__(message)
+    self.status, self.param = status, param
+
+
+class EngineWorker(threading.Thread):
+  """The thread that runs the batcher: submissions and cancellations arrive through ``inbox``."""
+
+  def __init__(self, batcher: bt.ContinuousBatcher, max_queue: int = 256):
+    super().__init__(daemon=True, name="specjax-engine")
+    self.batcher, self.max_queue = batcher, max_queue
+    self.inbox: queue.Queue = queue.Queue()
+    self.stopping = threading.Event()
+    self.lock = threading.Lock()
+    self.waiting = 0                 # submitted but not yet admitted to the batcher's queue
+    self.tokens_total = 0
+    self.requests_total = 0
+    self.rate = 0.0                  # tokens/s, smoothed over recent iterations
+    self.last_k = 0
+    self.accepted_total = 0
+    self.drafted_total = 0
+    self.errors: list[str] = []
+
+  def submit(self, r: bt.Request) -> None:
+    self.batcher.check_request(r)                 # too long etc.: AdmissionError → 400 right away
+    with self.lock:
+      if self.waiting + len(self.batcher.queue) >= self.max_queue:
+        raise bt.QueueFull(f"{self.max_queue} requests are waiting: retry later")
+      self.waiting += 1
+    self.inbox.put(("submit", r))
+
+  def cancel(self, r: bt.Request) -> None:
+    self.inbox.put(("cancel", r))
+
+  def stop(self) -> None:
+    self.stopping.set()
+    self.inbox.put(("stop", None))
+
+  def _drain(self, block: bool) -> None:
+    try:
+      item = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
+    except queue.Empty:
+      return
+    while True:
+      op, r = item
+      if op == "submit":
+        with self.lock:
+          self.waiting -= 1
+        try:
+          self.batcher.submit(r)
+        except SpecjaxError as e:
+          r.error = str(e)
+          self.batcher._finish(r, self.batcher.clock(), "error")
+      elif op == "cancel":
+        if r.slot is None and any(q is r for q in self.batcher.queue):
+          self.batcher.queue.remove(r)
+          self.batcher._finish(r, self.batcher.clock(), "cancelled")
+        else:
+          self.batcher.cancel(r)
+      try:
+        item = self.inbox.get_nowait()
+      except queue.Empty:
+        return
+
+  def run(self) -> None:
+    b = self.batcher
+    while not self.stopping.is_set():
+      busy = bool(b.queue) or b.num_running > 0
+      self._drain(block=not busy)
+      if not (b.queue or b.num_running):
+        continue
+      t0 = time.perf_counter()
+      try:
+        n = b.step()
+      except Exception as e:  # noqa: BLE001 -- keep serving; fail the requests in flight
+        self.errors.append(f"{type(e).__name__}: {e}")
+        for r in list(b.running) + list(b.queue):
+          if r is not None and not r.done:
+            r.error = "internal error in the decoding engine"
+            b._finish(r, b.clock(), "error")
+        b.queue.clear()
+        continue
+      dt = max(time.perf_counter() - t0, 1e-6)
+      self.tokens_total += n
+      self.rate = 0.9 * self.rate + 0.1 * (n / dt)
+      if b.history:
+        self.last_k = b.history[-1].k
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Request parsing
+
+
+def _number(body: dict, name: str, default, lo=None, hi=None, kind=float):
+  v = body.get(name, default)
+  if v is None:
+    return default
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+    raise BadRequest(f"'{name}' must be a{'n integer' if kind is int else ' number'}, got {v!r}", param=name)
+  v = kind(v)
+  if (lo is not None and v < lo) or (hi is not None and v > hi):
+    raise BadRequest(f"'{name}' must be in [{lo}, {hi}], got {v}", param=name)
+  return v
+
+
+def parse_request(body: Any, chat: bool, server_sp, default_max_tokens: int) -> dict:
+  """Validate an OpenAI request body: the fields this server knows, their types and ranges."""
+  if not isinstance(body, dict):
+    raise BadRequest("the request body must be a JSON object")
+  unknown = sorted(set(body) - KNOWN_FIELDS)
+  if unknown:
+    raise BadRequest(f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
+  for name, neutral in NEUTRAL.items():
+    if name in body and body[name] not in (neutral, None):
+      raise BadRequest(f"'{name}' = {body[name]!r} is not supported by this server (leave it unset)", param=name)
+  max_tokens = _number(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+                       default_max_tokens, 1, None, int)
+  temperature = _number(body, "temperature", server_sp.temperature, 0.0, 2.0)
+  top_p = _number(body, "top_p", server_sp.top_p, 0.0, 1.0)
+  if abs(temperature - server_sp.temperature) > 1e-9 or abs(top_p - server_sp.top_p) > 1e-9:
+    raise BadRequest(f"this server decodes with temperature {server_sp.temperature} and top_p {server_sp.top_p} "
+                     "(compiled into its engine); drop these fields or restart it with --temperature/--top-p",
+                     param="temperature")
+  seed = body.get("seed")
+  if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    raise BadRequest(f"'seed' must be an integer, got {seed!r}", param="seed")
+  stop = body.get("stop")
+  if stop is None:
+    stops = []
+  elif isinstance(stop, str):
+    stops = [stop]
+  elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+    stops = list(stop)
+  else:
+    raise BadRequest("'stop' must be a string or a list of up to 4 strings", param="stop")
+  stream = body.get("stream", False)
+  if not isinstance(stream, bool):
+    raise BadRequest("'stream' must be true or false", param="stream")
+  if chat:
+    msgs = body.get("messages")
+    if (not isinstance(msgs, list) or not msgs or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs)):
+      raise BadRequest("'messages' must be a non-empty list of {role, content} objects with string content",
+                       param="messages")
+    prompt = msgs
+  else:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+      prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+      raise BadRequest("'prompt' must be a non-empty string", param="prompt")
+  so = body.get("stream_options") or {}
+  if not isinstance(so, dict):
+    raise BadRequest("'stream_options' must be an object", param="stream_options")
+  return {"prompt": prompt, "max_tokens": max_tokens, "stops": [s for s in stops if s], "stream": stream,
+          "model": body.get("model"), "include_usage": bool(so.get("include_usage", False))}
+
+
+class TextStream:
+  """Turns committed token ids into text deltas: EOS dropped, partial UTF-8 held back, stop strings cut."""
+
+  def __init__(self, tokenizer, eos_ids, stops):
+    self.tok, self.eos, self.stops = tokenizer, set(eos_ids), stops
+    self.ids: list[int] = []
+    self.sent = ""
+    self.stopped = False
+
+  def push(self, ids) -> str:
+    if self.stopped:
+      return ""
+    self.ids += [i for i in ids if i not in self.eos]
+    text = self.tok.decode(self.ids)
+    for s in self.stops:
+      j = text.find(s)
+      if j >= 0:
+        text, self.stopped = text[:j], True
+    if not self.stopped:
+      keep = max((len(s) - 1 for s in self.stops), default=0)   # a stop string may still be forming
+      safe = text[:len(text) - keep] if keep else text
+      if safe.endswith("\ufffd"):
+        safe = safe[:-1]
+    else:
+      safe = text
+    delta = safe[len(self.sent):] if safe.startswith(self.sent) else ""
+    self.sent += delta
+    return delta
+
+  def flush(self) -> str:
+    if self.stopped:
+      return ""
+    text = self.tok.decode(self.ids)
+    delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+    self.sent += delta
+    return delta
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The app
+
+
+def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, default_max_tokens: int = 256):
+  from fastapi import FastAPI
+  from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+  import prometheus_client as prom
+
+  app = FastAPI(title="specjax", version="0.1")
+  registry = prom.CollectorRegistry()
+  g = {name: prom.Gauge(f"specjax_{name}", doc, registry=registry) for name, doc in (
+      ("queue_depth", "requests waiting for a slot"), ("running_slots", "slots decoding a request"),
+      ("slots", "slots in the batch"), ("tokens_per_second", "generated tokens per second (smoothed)"),
+      ("k_chosen", "draft tokens the policy chose for the latest iteration"),
+      ("acceptance_rate", "accepted ÷ drafted tokens so far"),
+      ("generated_tokens_total", "tokens generated"), ("requests_total", "requests accepted"))}
+  eos_ids = tuple(worker.batcher.eos_ids)
+
+  def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind,
+                                                               "param": param, "code": None}})
+
+  @app.exception_handler(BadRequest)
+  async def _bad(_, e: BadRequest):
+    return error(e.status, str(e), e.param)
+
+  @app.get("/health")
+  async def health():
+    b = worker.batcher
+    return {"status": "ok" if worker.is_alive() else "engine stopped", "running": b.num_running,
+            "queued": len(b.queue) + worker.waiting, "slots": b.slots, "policy": b.policy.name}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "specjax"}]}
+
+  @app.get("/metrics")
+  async def metrics():
+    b = worker.batcher
+    st = b.state.stats
+    try:
+      acc, drafted = int(np.sum(st.accepted_B)), int(np.sum(st.drafted_B))
+    except Exception:  # noqa: BLE001 -- the state may be mid-donation; report the last value
+      acc, drafted = worker.accepted_total, worker.drafted_total
+    worker.accepted_total, worker.drafted_total = acc, drafted
+    g["queue_depth"].set(len(b.queue) + worker.waiting)
+    g["running_slots"].set(b.num_running)
+    g["slots"].set(b.slots)
+    g["tokens_per_second"].set(worker.rate)
+    g["k_chosen"].set(worker.last_k)
+    g["acceptance_rate"].set(acc / drafted if drafted else 0.0)
+    g["generated_tokens_total"].set(worker.tokens_total)
+    g["requests_total"].set(worker.requests_total)
+    return PlainTextResponse(prom.generate_latest(registry).decode(), media_type=prom.CONTENT_TYPE_LATEST)
+
+  async def _body(request: HttpRequest):
+    try:
+      return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as e:
+      raise BadRequest(f"the request body is not valid JSON: {e}") from e
+
+  async def _serve(request: HttpRequest, chat: bool):
+    p = parse_request(await _body(request), chat, server_sp, default_max_tokens)
+    ids = (tokenizer.encode(tokenizer.apply_chat_template(p["prompt"], add_generation_prompt=True)) if chat
+           else tokenizer.encode(p["prompt"]))
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    r = bt.Request(ids, p["max_tokens"], rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}")
+    r.on_tokens = lambda req, toks: loop.call_soon_threadsafe(events.put_nowait, ("tokens", toks))
+    r.on_finish = lambda req: loop.call_soon_threadsafe(events.put_nowait, ("finish", None))
+    try:
+      worker.submit(r)
+    except bt.QueueFull as e:
+      return error(429, str(e), kind="rate_limit_exceeded")
+    except SpecjaxError as e:
+      return error(400, str(e), "max_tokens")
+    worker.requests_total += 1
+    text = TextStream(tokenizer, eos_ids, p["stops"])
+    created = int(time.time())
+    model = p["model"] or model_name
+
+    def usage():
+      n = len([t for t in r.tokens if t not in eos_ids])
+      return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+
+    def finish_reason():
+      if text.stopped or r.finish_reason == "stop":
+        return "stop"
+      return "length" if r.finish_reason == "length" else (r.finish_reason or "stop")
+
+    async def next_event():
+      kind, toks = await events.get()
+      if kind == "tokens":
+        delta = text.push(toks)
+        if text.stopped and not r.done:
+          worker.cancel(r)                  # a stop string: no more tokens are needed
+        return delta, False
+      return text.flush(), True
+
+    def chunk(delta: str, reason):
+      if chat:
+        d = {"content": delta} if delta else {}
+        return {"id": r.rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": d, "finish_reason": reason}]}
+      return {"id": r.rid, "object": "text_completion", "created": created, "model": model,
+              "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]}
+
+    if p["stream"]:
+      async def sse():
+        try:
+          if chat:
+            first = chunk("", None)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            yield f"data: {json.dumps(first)}\n\n"
+          while True:
+            delta, done = await next_event()
+            if done:
+              if r.error:
+                yield f"data: {json.dumps({'error': {'message': r.error, 'type': 'server_error'}})}\n\n"
+                break
+              if delta:
+                yield f"data: {json.dumps(chunk(delta, None))}\n\n"
+              yield f"data: {json.dumps(chunk('', finish_reason()))}\n\n"
+              if p["include_usage"]:
+                last = chunk("", None)
+                last["choices"], last["usage"] = [], usage()
+                yield f"data: {json.dumps(last)}\n\n"
+              break
+            if delta:
+              yield f"data: {json.dumps(chunk(delta, None))}\n\n"
+          yield "data: [DONE]\n\n"
+        finally:
+          if not r.done:
+            worker.cancel(r)                # the client went away: free the slot
+      return StreamingResponse(sse(), media_type="text/event-stream")
+
+    try:
+      while True:
+        _, done = await next_event()
+        if done:
+          break
+    except asyncio.CancelledError:
+      worker.cancel(r)
+      raise
+    if r.error:
+      return error(500, r.error, kind="server_error")
+    if chat:
+      return {"id": r.rid, "object": "chat.completion", "created": created, "model": model, "usage": usage(),
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": text.sent},
+                           "finish_reason": finish_reason()}]}
+    return {"id": r.rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text.sent, "finish_reason": finish_reason(), "logprobs": None}],
+            "usage": usage()}
+
+  @app.post("/v1/completions")
+  async def completions(request: HttpRequest):
+    return await _serve(request, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: HttpRequest):
+    return await _serve(request, chat=True)
+
+  return app
