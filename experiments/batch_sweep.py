@@ -60,9 +60,12 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
                     "live": sum(h.live for h in eng.history), "tokens": rep["tokens"]}
       if label == "spec" and B == batches[0]:
         after = jax.device_get(eng.state.stats)
-        acc = np.asarray(after.pos_accepted_K) - np.asarray(before.pos_accepted_K)
-        reach = np.asarray(after.pos_reached_K) - np.asarray(before.pos_reached_K)
-        acc_B1 = [float(a / r) if r else 0.0 for a, r in zip(acc[:k], reach[:k])]
+        # α_j = P(position j accepted | position j − 1 accepted), a position the drafter left empty counting
+        # as not accepted (n-gram lookup often drafts fewer than k): then τ(k) = 1 + Σ_j Π α is the measured τ.
+        acc = np.asarray(after.pos_accepted_K, float) - np.asarray(before.pos_accepted_K, float)
+        steps = float(np.sum(np.asarray(after.verify_steps_B) - np.asarray(before.verify_steps_B)))
+        prev = np.concatenate([[steps], acc[:k - 1]])
+        acc_B1 = [float(a / p) if p else 0.0 for a, p in zip(acc[:k], prev)]
         rows_per_seq = sum(h.rows for h in eng.history) / max(res[label]["live"], 1)
     measured = res["spec"]["rate"] / res["plain"]["rate"]
     rows.append({"B": B, "plain_tokens_per_s": res["plain"]["rate"], "spec_tokens_per_s": res["spec"]["rate"],
@@ -79,6 +82,7 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
   cross_m = next((r["B"] for r in rows if r["speedup_measured"] < 1), None)
   cross_p = next((r["B"] for r in rows if r["speedup_predicted"] < 1), None)
   return {"rows": rows, "acceptance_by_position": acc_B1, "rows_per_sequence": rows_per_seq,
+          "tau_predicted_from_acceptance": costmodel.expected_accepted(acc_B1, k),
           "crossover_batch_measured": cross_m, "crossover_batch_predicted": cross_p}
 
 
@@ -100,9 +104,14 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
     cross = crossover(m, spec, reqs, drafter, k, list(batches), max_new_tokens, max_len, log)
     out.update({"crossover_rows": cross["rows"], "crossover_batch_measured": cross["crossover_batch_measured"],
                 "crossover_batch_predicted": cross["crossover_batch_predicted"],
-                "acceptance_by_position": cross["acceptance_by_position"]})
+                "acceptance_by_position": cross["acceptance_by_position"],
+                "rows_per_sequence": cross["rows_per_sequence"],
+                "tau_predicted_from_acceptance": cross["tau_predicted_from_acceptance"]})
     log(f"[batch_sweep] crossover: predicted {cross['crossover_batch_predicted']}, measured "
         f"{cross['crossover_batch_measured']}")
+  if not rates:
+    out.update({"rows": out.get("crossover_rows", []), "summary": {}, "plots": []})
+    return out
   eng = factory.make_batcher(m, drafter=drafter, policy="goodput", k=k, buckets=buckets, slots=slots,
                              max_len=max_len, spec=spec, max_batch=max_batch)
   log(f"[batch_sweep] load sweep: {slots} slots, warm-up {eng.warmup(max(len(e) for e in encoded)):.1f}s")

@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, machine, sampling
+from specjax import costmodel, decode, machine, sampling
 from specjax import paired as paired_lib
 from specjax import speculative as spec
-from specjax.api import (DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits, compile_generate, encode_prompts,
-                         make_engine, pad_batch, parse_layers, resolve_tree, spec_metrics, tree_stats)
+from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits,
+                         compile_generate, encode_prompts, make_engine, pad_batch, parse_layers, resolve_tree,
+                         spec_metrics, tree_stats)
 from specjax.kv_cache import cache_bytes, init_cache
 from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
@@ -341,7 +342,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
 
 
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
-          max_len: int = 2048, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
+          max_len: int | None = None, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
           log=print) -> dict:
@@ -352,8 +353,12 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   trees = list(tree) if isinstance(tree, (list, tuple)) else [tree]
   # With several trees one acceptance vector serves the static ones (a dynamic tree has no use for it).
   acc_for = lambda t: None if len(trees) > 1 and str(t).startswith("dynamic") else acceptance  # noqa: E731
-  for t in trees:                    # a bad tree fails before any decoding
-    resolve_tree(t, acc_for(t), drafter=drafter, max_len=max_len)
+  choices = [resolve_tree(t, acc_for(t), drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
+             for t in trees]          # a bad tree fails before any decoding
+  if max_len is None:                 # buffers sized to the request (costmodel.buffer_length)
+    nodes = 0 if drafter == "none" else max([c.num_nodes if c else k for c in choices])
+    longest = max(len(e) for e in encode_prompts(m, prompts))
+    max_len = costmodel.buffer_length(longest, max_new_tokens, nodes)
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set

@@ -40,8 +40,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                  help="registry name, a .gguf file, or a Hugging Face safetensors directory")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--max-len", type=int, default=None,
-                 help="KV cache positions per sequence (default: generate sizes them to the longest prompt + "
-                      "--max-new-tokens + speculative headroom, rounded up to a power of two; other commands 2048)")
+                 help="KV cache positions per sequence (default: generate and bench size them to the longest "
+                      "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
+                      "other commands 2048)")
   p.add_argument("--no-compile-cache", action="store_true",
                  help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
 
@@ -404,7 +405,7 @@ def cmd_bench(args) -> int:
   prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
   m = _load(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                    max_len=_max_len(args), ignore_eos=args.ignore_eos, draft=_load_draft(args),
+                    max_len=args.max_len, ignore_eos=args.ignore_eos, draft=_load_draft(args),
                     repeats=args.repeats, paired=args.schedule == "paired", log=_log, **_drafter_kwargs(args))
   res.update(_executables())
 
