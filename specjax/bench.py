@@ -385,6 +385,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   wall = time.perf_counter() - t_start
   load_s = m.load_s + getattr(draft, "load_s", 0.0)
   result.update(load_s=load_s, **timer.as_dict(), bench_s=wall)
+  result["machine"] = machine.describe()    # again: now with the kernel paths the run actually took
   log(f"[bench] {wall:.1f}s after loading: compile {timer.compile_s:.1f}s "
       f"({100 * timer.compile_s / max(wall, 1e-9):.0f}%), prefill {timer.prefill_s:.1f}s, "
       f"decode {timer.decode_s:.1f}s; loading took {load_s:.1f}s")

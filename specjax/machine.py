@@ -64,10 +64,17 @@ def describe() -> dict:
       "cpu_flags": [f for f in RELEVANT_FLAGS if f in info["flags"]],
       "cores": cores,
       "kernel_path": f"native-{kernels}" if kernels else "xla",
+      "kernel_choices": _kernel_choices() if kernels else None,
       "jax": jax.__version__,
       "backend": backend,
       "devices": sorted({d.device_kind for d in jax.devices()}),
   }
+
+
+def _kernel_choices() -> dict:
+  """Native or XLA per weight-size class and the thread count, as measured on this machine (autotune.py)."""
+  from specjax.kernels import autotune
+  return autotune.summary()
 
 
 def short(d: dict | None = None) -> str:

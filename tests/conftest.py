@@ -2,6 +2,10 @@ import os
 
 # Tests run on the CPU with deterministic, full-precision math.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The native CPU kernels wherever they apply, without the first-use measurement that may choose XLA for some
+# weight sizes on some machines (specjax/kernels/autotune.py; tests/test_autotune.py covers it): the same
+# executables, and the same counts of compiled executables, on every machine.
+os.environ.setdefault("SPECJAX_NATIVE", "1")
 
 import jax  # noqa: E402
 

@@ -77,3 +77,21 @@ def test_cpu_without_the_instructions_falls_back_to_portable(restore_isa):
 
 def test_library_is_built_without_march_native():
   assert not any(f.startswith("-march") for f in native._FLAGS)
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+def test_a_row_has_the_same_bits_however_many_rows_are_computed(isa, restore_isa):
+  """Greedy speculative decoding equals plain decoding token for token only if a verification row (M = k+1)
+  gets the very bits a one-row decode step gets: each path (which may use a different loop for few rows)
+  must compute a row the same way whatever M is, tail columns included."""
+  if isa not in _supported():
+    pytest.skip("the CPU lacks this ISA")
+  native.set_isa(isa)
+  rng = np.random.default_rng(11)
+  D = 101                                            # not a multiple of 8 or 16: the tail loops run too
+  x = jnp.asarray(rng.standard_normal((9, D)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((70, D)), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t_native)
+  full = np.asarray(f(x, w))
+  for M in (1, 2, 3, 4, 7):
+    np.testing.assert_array_equal(np.asarray(f(x[:M], w)), full[:M], err_msg=f"{isa}, M = {M}")

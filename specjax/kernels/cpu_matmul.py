@@ -2,7 +2,8 @@
 
 ``matmul_t`` calls the C++ kernel in ``cpu_matmul.cc`` through the XLA FFI when it is available (built on first
 use, see ``native.py``), else the reference ``matmul_t_reference`` (plain XLA).  It splits the work over the
-caller and a few helper threads (``parallel.h``).  It is used only on the CPU backend, for float32, when M ≤ ``MAX_ROWS`` (larger M is
+caller and a few helper threads (``parallel.h``).  It is used only on the CPU backend, for float32, for weight sizes where it measured faster than XLA on this
+machine (``autotune.py``), when M ≤ ``MAX_ROWS`` (larger M is
 compute-bound, where XLA's GEMM is the better choice; with a live-row count, the choice is made on the
 number of live rows at run time); its gradient goes through the reference.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.kernels import native
+from specjax.kernels import autotune, native
 
 MAX_ROWS = 256  # measured in the real model's whole forward (experiments/roofline.py, smollm2-135m, 2-core
                 # Zen 4): the native kernel beats XLA's GEMM up to ~256 rows (64 rows: 125 ms vs 190 ms; 256:
@@ -69,7 +70,8 @@ def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> j
   """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
   r % group ≥ live are padding and come out zero (the native kernel skips them)."""
   M = x_MxD.shape[0]
-  if x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and available():
+  if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and available()
+      and autotune.matmul_native(*w_NxD.shape)):    # measured on this machine at first use (autotune.py)
     if M <= MAX_ROWS:
       return matmul_t_native(x_MxD, w_NxD, live, group)
     if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data

@@ -41,6 +41,13 @@ class SpinPool {
 
   int64_t helpers() const { return static_cast<int64_t>(threads_.size()); }
 
+  // At most `n` helpers join a job from now on (n < 0: all of them).  A machine with many cores may stream a
+  // decode step's weights fastest with fewer than all of them; the measured choice is set here (autotune.py).
+  static std::atomic<int64_t>& HelperLimit() {
+    static std::atomic<int64_t> limit{-1};
+    return limit;
+  }
+
   // Runs fn(0) ... fn(units - 1), each exactly once, on the caller and (if `use_helpers`) the helpers.
   void Run(int64_t units, bool use_helpers, const std::function<void(int64_t)>& fn) {
     if (units <= 1 || !use_helpers || threads_.empty() || busy_.exchange(true)) {
@@ -68,7 +75,7 @@ class SpinPool {
   explicit SpinPool(int64_t helpers) {
     const char* env = std::getenv("SPECJAX_SPIN_US");
     spin_us_ = env ? std::atoll(env) : 2000;
-    for (int64_t i = 0; i < helpers; ++i) threads_.emplace_back([this] { HelperLoop(); });
+    for (int64_t i = 0; i < helpers; ++i) threads_.emplace_back([this, i] { HelperLoop(i); });
     for (auto& t : threads_) t.detach();
   }
 
@@ -79,7 +86,7 @@ class SpinPool {
     }
   }
 
-  void HelperLoop() {
+  void HelperLoop(int64_t index) {
     uint64_t seen = generation_.load();
     for (;;) {
       uint64_t g = generation_.load();
@@ -93,6 +100,8 @@ class SpinPool {
         }
       }
       seen = g;
+      const int64_t limit = HelperLimit().load(std::memory_order_relaxed);
+      if (limit >= 0 && index >= limit) continue;   // not one of the helpers in use
       active_.fetch_add(1);
       if (generation_.load() == g) Work();
       active_.fetch_sub(1);

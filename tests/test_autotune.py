@@ -1,0 +1,92 @@
+"""The CPU matmul path chosen by measurement at first use (specjax/kernels/autotune.py): measured once per
+machine and remembered, read back by later processes, forced by SPECJAX_NATIVE, and followed by the model."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.kernels import autotune, cpu_matmul, native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  monkeypatch.setenv("SPECJAX_NATIVE", "auto")
+  autotune.forget()
+  yield tmp_path
+  autotune.forget()
+
+
+def _uses_native(N, D, M=1):
+  f = lambda x, w: cpu_matmul.matmul_t(x, w)  # noqa: E731
+  text = jax.jit(f).lower(jnp.ones((M, D)), jnp.ones((N, D))).as_text()
+  return "specjax_matmul_t" in text
+
+
+def test_first_use_measures_once_and_later_processes_read_it(fresh, capfd):
+  assert _uses_native(64, 32) in (True, False)              # first use: measures the class of 64x32 (small)
+  err = capfd.readouterr().err
+  assert "measuring the CPU kernel paths" in err
+  data = json.loads(autotune.choices_path().read_text())
+  small = data["classes"]["small"]
+  assert small["path"] in ("native", "xla") and data["threads"] >= 1
+  for m in ("M1", "M5"):
+    assert small[m]["native_ms"] > 0 and small[m]["xla_ms"] > 0
+  assert str(autotune.choices_path()).startswith(str(fresh))
+  autotune.forget()                                          # a new process: reads, measures nothing
+  _uses_native(64, 32)
+  assert "measuring" not in capfd.readouterr().err
+  assert autotune.summary()["paths"] == {"small": small["path"]}
+
+
+def _store(path_by_class):
+  data = autotune._load()
+  data["threads"] = 2
+  data["classes"] = {c: {"path": p} for c, p in path_by_class.items()}
+  autotune._save(data)
+  autotune.forget()
+
+
+def test_the_model_follows_the_stored_choice_per_size_class(fresh):
+  _store({"small": "xla", "large": "native"})
+  assert not _uses_native(64, 32) and not _uses_native(64, 32, M=5)   # one path at every row count
+  assert _uses_native(8192, 1024)                                      # 32 MB: the large class
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 32)), jnp.float32)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((64, 32)), jnp.float32)
+  np.testing.assert_allclose(cpu_matmul.matmul_t(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_specjax_native_forces_the_path(fresh, monkeypatch):
+  _store({"small": "xla", "large": "xla"})
+  monkeypatch.setenv("SPECJAX_NATIVE", "1")
+  assert _uses_native(64, 32)
+  monkeypatch.setenv("SPECJAX_NATIVE", "0")
+  assert not _uses_native(64, 32)
+
+
+def test_an_unreadable_table_is_measured_again(fresh, monkeypatch, capfd):
+  autotune.choices_path().parent.mkdir(parents=True)
+  autotune.choices_path().write_text("{not json")
+  monkeypatch.setattr(autotune, "measure_class", lambda N, D: {"path": "xla", "shape": [N, D]})
+  monkeypatch.setattr(autotune, "measure_threads", lambda: {"threads": 1})
+  assert not _uses_native(64, 32)
+  assert "unreadable" in capfd.readouterr().err
+  assert json.loads(autotune.choices_path().read_text())["classes"]["small"]["path"] == "xla"
+
+
+def test_fewer_threads_give_the_same_bits():
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.standard_normal((5, 200)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((3000, 200)), jnp.float32)
+  f = jax.jit(cpu_matmul.matmul_t_native)
+  all_threads = np.asarray(f(x, w))
+  try:
+    autotune.set_threads(1)
+    one = np.asarray(f(x, w))
+  finally:
+    autotune.set_threads(None)
+  np.testing.assert_array_equal(one, all_threads)
