@@ -32,7 +32,7 @@ import numpy as np
 from specjax.cache_location import cache_dir
 from specjax.kernels import native
 
-VERSION = 1
+VERSION = 2
 CHAIN_BYTES = 64 << 20          # weights per measured chain: past the last-level cache (32 MB on an EPYC CCX)
 ROWS = (1, 5)                   # a decode step and a k = 4 verification
 NATIVE_TIE = 1.03               # native is kept unless XLA is more than 3% faster

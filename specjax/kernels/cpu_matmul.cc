@@ -250,13 +250,19 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) {
   RowBlockPortable(t, n0, n1);
 }
 
-// Rows of w are split into blocks of 64 rows, taken in turn by the caller and the helper threads (see
-// parallel.h: they stay awake between the back-to-back kernels of a step, so no call waits for a wake-up).
+// Rows of w are split into 4 blocks per thread (a multiple of 4 rows, at least 8), taken in turn by the caller
+// and the helper threads (see parallel.h: they stay awake between the back-to-back kernels of a step, so no
+// call waits for a wake-up).  Few long blocks keep each thread on one sequential stream for longer: on a
+// 2-core Zen 3 this streamed the real model's matrices ~5% faster than blocks of 64 rows, at 1 and 5 rows;
+// four per thread still lets a thread that started late catch up.  Block bounds are multiples of 4, so
+// which rows take the tile loops (and so a row's bits) does not depend on the thread count.
 void RunParts(const Task& t, int64_t threads) {
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (t.N + kBlock - 1) / kBlock;
-  specjax::ParallelFor(threads, blocks, true, [&t](int64_t i) {
-    RowBlock(t, i * kBlock, std::min(t.N, (i + 1) * kBlock));
+  constexpr int64_t kBlocksPerThread = 4;
+  const int64_t parts = kBlocksPerThread * std::max<int64_t>(threads, 1);
+  const int64_t block = std::max<int64_t>(8, ((t.N + parts - 1) / parts + 3) / 4 * 4);
+  const int64_t blocks = (t.N + block - 1) / block;
+  specjax::ParallelFor(threads, blocks, true, [&t, block](int64_t i) {
+    RowBlock(t, i * block, std::min(t.N, (i + 1) * block));
   });
 }
 
