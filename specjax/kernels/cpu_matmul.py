@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import sharding
 from specjax.kernels import autotune, native
 
 MAX_ROWS = 256  # measured in the real model's whole forward (experiments/roofline.py, smollm2-135m, 2-core
@@ -70,7 +71,7 @@ def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> j
   """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
   r % group ≥ live are padding and come out zero (the native kernel skips them)."""
   M = x_MxD.shape[0]
-  if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and available()
+  if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and not sharding.distributed() and available()
       and autotune.matmul_native(*w_NxD.shape)):    # measured on this machine at first use (autotune.py)
     if M <= MAX_ROWS:
       return matmul_t_native(x_MxD, w_NxD, live, group)

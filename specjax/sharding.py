@@ -1,0 +1,150 @@
+"""Running a model over a device mesh with named axes ("data", "model"), on jax's own SPMD machinery.
+
+Parameters are placed with ``NamedSharding``s chosen by parameter name from ``RULES`` (the one table of
+sharding decisions); the KV buffers over batch ("data") and KV heads ("model"); then the ordinary jitted
+functions (the speculative step, the whole-generation loop) run unchanged: GSPMD partitions them from their
+inputs' shardings and inserts the collectives (an all-reduce after each row-parallel matmul).
+
+    mesh = sharding.make_mesh("2x4")                  # DATA x MODEL devices
+    params = sharding.shard_params(params, mesh)
+    cache = sharding.shard_cache(init_cache(cfg, B, S), mesh)
+    with sharding.use(mesh):                          # the native CPU kernels step aside (see below)
+      state = speculative.generate(params, (), cache, ...)
+
+The native CPU kernels are XLA custom calls that GSPMD cannot split: under a mesh of more than one device
+the model takes its XLA paths instead (``distributed()``), so no weight is gathered to run them.
+
+A dimension whose size the mesh axis does not divide stays replicated on that dimension (a toy model with 4
+heads on 8 devices still runs, with less sharding); ``spec_for`` says what each parameter gets.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax.errors import SpecjaxError
+
+AXES = ("data", "model")
+
+# Parameter name -> partition of its trailing dimensions (a leading stacked-layer dimension stays whole).
+# Weights are stored [out, in]:
+#   column-parallel (output features split: no collective) then row-parallel (input features split: the
+#   partial products are all-reduced), per attention block and per MLP, as in Megatron-LM.
+RULES: dict[str, tuple] = {
+    "embed": (None, "model"),       # [V, D]: a lookup of D-slices needs no collective; a tied head's logits
+                                    #         are partial sums over D (all-reduced)
+    "lm_head": ("model", None),     # [V, D]: logits split by vocabulary
+    "w_qkv": ("model", None),       # [(H + 2K)·E, D]: column-parallel (q, k, v heads)
+    "b_qkv": ("model",),            # [(H + 2K)·E]
+    "wo": (None, "model"),          # [D, H·E]: row-parallel
+    "w_gate_up": ("model", None),   # [2F, D]: column-parallel
+    "w_down": (None, "model"),      # [D, F]: row-parallel
+    "attn_norm": (None,),           # norms: replicated
+    "mlp_norm": (None,),
+    "final_norm": (None,),
+}
+# KV buffers [L, B, S, K, E]: sequences over "data", KV heads over "model"; lengths [B] over "data".
+CACHE_SPEC = (None, "data", None, "model", None)
+
+_LOCAL = threading.local()
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+  """'2x4' -> (2, 4): DATA x MODEL."""
+  try:
+    data, model = (int(v) for v in text.lower().split("x"))
+    if data < 1 or model < 1:
+      raise ValueError
+  except ValueError:
+    raise SpecjaxError(f"--mesh {text!r}: expected DATAxMODEL with positive sizes, e.g. 2x4") from None
+  return data, model
+
+
+def make_mesh(shape: str | tuple[int, int], devices=None) -> Mesh:
+  """A (data, model) mesh over ``devices`` (default: all of jax's devices, whose count must match)."""
+  data, model = parse_mesh(shape) if isinstance(shape, str) else shape
+  devices = list(jax.devices() if devices is None else devices)
+  if data * model != len(devices):
+    raise SpecjaxError(
+        f"mesh {data}x{model} needs {data * model} devices, {len(devices)} are visible: choose a mesh whose "
+        f"product is {len(devices)} (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
+  return Mesh(np.asarray(devices).reshape(data, model), AXES)
+
+
+def _fit(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """The rule's partition for trailing dims, leading dims whole, axes that do not divide a dim dropped."""
+  spec = (None,) * (len(shape) - len(spec)) + tuple(spec)
+  return P(*[a if a is None or shape[i] % mesh.shape[a] == 0 else None for i, a in enumerate(spec)])
+
+
+def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """The partition of parameter ``name`` (the last key of its path) with this shape on this mesh."""
+  if name not in RULES:
+    raise SpecjaxError(f"no sharding rule for parameter {name!r}: add one to specjax.sharding.RULES")
+  return _fit(RULES[name], shape, mesh)
+
+
+def _leaf_name(path) -> str:
+  keys = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+  return str(keys[-1]) if keys else ""
+
+
+def param_specs(params, mesh: Mesh):
+  """The PartitionSpec of every parameter (same tree structure as ``params``)."""
+  return jax.tree_util.tree_map_with_path(lambda p, x: spec_for(_leaf_name(p), x.shape, mesh), params)
+
+
+def shard_params(params, mesh: Mesh):
+  """Place every parameter on the mesh by ``RULES``."""
+  specs = param_specs(params, mesh)
+  return jax.tree_util.tree_map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+
+def shard_cache(cache, mesh: Mesh):
+  """KV buffers over (data: sequences, model: KV heads); lengths over data."""
+  kv = NamedSharding(mesh, _fit(CACHE_SPEC, cache.k.shape, mesh))
+  lengths = NamedSharding(mesh, _fit(("data",), cache.lengths.shape, mesh))
+  return type(cache)(k=jax.device_put(cache.k, kv), v=jax.device_put(cache.v, kv),
+                     lengths=jax.device_put(cache.lengths, lengths))
+
+
+def shard_batch(x, mesh: Mesh):
+  """A per-sequence array [B, ...] over the data axis (replicated where B does not divide)."""
+  return jax.device_put(x, NamedSharding(mesh, _fit(("data",) + (None,) * (np.ndim(x) - 1), np.shape(x), mesh)))
+
+
+@contextlib.contextmanager
+def use(mesh: Mesh):
+  """Trace under ``mesh``: while active (on this thread), ``distributed()`` says whether the model must avoid
+  the unsplittable native kernels."""
+  prev = getattr(_LOCAL, "mesh", None)
+  _LOCAL.mesh = mesh
+  try:
+    yield mesh
+  finally:
+    _LOCAL.mesh = prev
+
+
+def current() -> Mesh | None:
+  return getattr(_LOCAL, "mesh", None)
+
+
+def distributed() -> bool:
+  """True while tracing under a mesh of more than one device."""
+  mesh = current()
+  return mesh is not None and math.prod(mesh.shape.values()) > 1
+
+
+def describe(mesh: Mesh, params) -> list[dict]:
+  """The table a reader can check: parameter, shape, partition."""
+  rows = []
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = _leaf_name(path)
+    rows.append({"param": jax.tree_util.keystr(path), "shape": list(x.shape),
+                 "partition": str(spec_for(name, x.shape, mesh))})
+  return rows

@@ -1,0 +1,105 @@
+"""Run by tests/test_sharding.py in a process of its own with 8 host CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8): decoding on meshes against one device; prints JSON."""
+import json
+import os
+import re
+import sys
+
+assert "xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", ""), "run with 8 host devices"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+from specjax import config, kv_cache, model, sampling, sharding  # noqa: E402
+from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
+
+# Every sharded dimension divisible by 8: 8 heads = 8 KV heads of 4, FFN 64, vocabulary 128, batch 8.
+CFG = config.TINY.replace(name="tiny-tp", num_layers=2, d_model=32, num_heads=8, num_kv_heads=8, head_dim=4,
+                          ffn_dim=64, vocab_size=128)
+DRAFT_CFG = CFG.replace(name="tiny-tp-draft", num_layers=1)
+BUCKETS = (16, 32, 64)
+B, S = 8, 64
+rng = np.random.default_rng(0)
+LENS = rng.integers(1, 12, B).astype(np.int32)
+PROMPTS = np.zeros((B, 12), np.int32)
+for b in range(B):   # repeated patterns, so that n-gram lookup finds drafts
+  pat = rng.integers(3, CFG.vocab_size, 3)
+  PROMPTS[b, :LENS[b]] = np.resize(pat, LENS[b])
+MAX_NEW = rng.integers(8, 20, B).astype(np.int32)
+
+
+def run(params, dparams, drafter, shape, sp, mesh):
+  N = shape.num_nodes
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sp, eos_ids=(), buckets=BUCKETS, tree=shape)
+  cache = kv_cache.init_cache(CFG, B, S)
+  args = [jnp.asarray(PROMPTS), jnp.asarray(LENS), jnp.asarray(MAX_NEW), jnp.full((B,), N, jnp.int32)]
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh)
+    dparams = sharding.shard_params(dparams, mesh) if dparams != () else ()
+    cache = sharding.shard_cache(cache, mesh)
+    args = [sharding.shard_batch(a, mesh) for a in args]
+  with sharding.use(mesh) if mesh is not None else _null():
+    st = generate(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng)
+  seq = np.asarray(st.seq_BxS)
+  return [seq[i, LENS[i]:LENS[i] + int(st.num_new_B[i])].tolist() for i in range(B)]
+
+
+class _null:
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *a):
+    return False
+
+
+def collectives(params, mesh, drafter, shape):
+  """Collective ops in the compiled sharded decoding, and every all-gather's result shape."""
+  N = shape.num_nodes
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sampling.SamplingParams(), eos_ids=(), buckets=BUCKETS,
+               tree=shape)
+  p = sharding.shard_params(params, mesh)
+  cache = sharding.shard_cache(kv_cache.init_cache(CFG, B, S), mesh)
+  args = [sharding.shard_batch(jnp.asarray(a), mesh) for a in (PROMPTS, LENS, MAX_NEW, np.full((B,), N, np.int32))]
+  with sharding.use(mesh):
+    text = generate.lower(p, (), cache, *args, jax.random.PRNGKey(7), engine=eng).compile().as_text()
+  ops = {op: len(re.findall(rf"\b{op}(?:-start)?\(", text)) for op in ("all-reduce", "all-gather", "all-to-all",
+                                                                          "collective-permute")}
+  gathers = re.findall(r"=\s*\(?([a-z0-9]+\[[0-9,]*\])[^=\n]*?\ball-gather(?:-start)?\(", text)
+  return ops, gathers
+
+
+def main():
+  params = model.unstack_layers(model.init_params(CFG, jax.random.PRNGKey(0)))
+  dparams = model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))
+  greedy, sampled = sampling.SamplingParams(), sampling.SamplingParams(temperature=0.8, top_k=20)
+  settings = {
+      "plain": (NoDrafter(), (), tree_shapes.chain(0)),
+      "ngram-chain": (NgramDrafter(3), (), tree_shapes.chain(3)),
+      "model-chain": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS), dparams, tree_shapes.chain(3)),
+      "model-tree": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS), dparams, tree_shapes.branching([2, 2])),
+  }
+  meshes = {name: sharding.make_mesh(name) for name in ("1x8", "2x4", "8x1")}
+  out = {"devices": len(jax.devices()), "results": {}}
+  for label, (drafter, dp, shape) in settings.items():
+    for sp_name, sp in (("greedy", greedy), ("sampled", sampled)):
+      if sp_name == "sampled" and label != "model-chain":
+        continue
+      one = run(params, dp, drafter, shape, sp, None)
+      row = {"single": one}
+      for mname, mesh in meshes.items():
+        row[mname] = run(params, dp, drafter, shape, sp, mesh)
+      out["results"][f"{label}/{sp_name}"] = row
+  ops, gathers = collectives(params, meshes["2x4"], NgramDrafter(3), tree_shapes.chain(3))
+  weights = sorted({f"f32[{','.join(map(str, x.shape))}]" for x in jax.tree_util.tree_leaves(params)})
+  out["collectives_2x4"] = ops
+  out["all_gather_shapes_2x4"] = gathers
+  out["weight_shapes"] = weights
+  out["partitions_2x4"] = sharding.describe(meshes["2x4"], params)[:8]
+  json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,62 @@
+"""Decoding over a device mesh (specjax/sharding.py) on 8 host CPU devices, in a process of its own (the device
+count is fixed when jax starts): every mesh gives the single device's tokens, greedy and sampled, chain and
+tree; the compiled sharded step has its all-reduces and gathers no weight matrix."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specjax import sharding
+from specjax.errors import SpecjaxError
+
+
+@pytest.fixture(scope="module")
+def child():
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sharded_decoding_child.py"))],
+                        capture_output=True, text=True, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout)
+
+
+def test_every_mesh_decodes_the_single_device_tokens(child):
+  assert child["devices"] == 8
+  assert set(child["results"]) == {"plain/greedy", "ngram-chain/greedy", "model-chain/greedy",
+                                   "model-tree/greedy", "model-chain/sampled"}
+  for setting, row in child["results"].items():
+    assert sum(map(len, row["single"])) > 0
+    for mesh in ("1x8", "2x4", "8x1"):
+      assert row[mesh] == row["single"], (setting, mesh)
+  # speculative greedy decoding is plain greedy decoding, sharded or not
+  for setting in ("ngram-chain/greedy", "model-chain/greedy", "model-tree/greedy"):
+    assert child["results"][setting]["2x4"] == child["results"]["plain/greedy"]["single"], setting
+
+
+def test_sharded_step_all_reduces_and_gathers_no_weight(child):
+  ops = child["collectives_2x4"]
+  assert ops["all-reduce"] > 0, ops               # row-parallel matmuls sum their partial products
+  weights = set(child["weight_shapes"])
+  assert not weights & set(child["all_gather_shapes_2x4"]), child["all_gather_shapes_2x4"]
+
+
+def test_mesh_spec_errors_are_clear():
+  with pytest.raises(SpecjaxError, match="DATAxMODEL"):
+    sharding.parse_mesh("2by4")
+  with pytest.raises(SpecjaxError, match="needs 8 devices"):
+    sharding.make_mesh("2x4")                      # this process has one device
+  assert sharding.parse_mesh("2x4") == (2, 4)
+
+
+def test_rules_name_every_parameter_and_drop_axes_that_do_not_divide():
+  import jax
+  from specjax import config, model
+  mesh = sharding.make_mesh("1x1")
+  params = model.init_params(config.TINY, jax.random.PRNGKey(0))
+  rows = sharding.describe(mesh, params)           # raises if a parameter has no rule
+  assert {r["param"].split("'")[-2] for r in rows} <= set(sharding.RULES)
+  fake = type("M", (), {"shape": {"data": 2, "model": 8}})()
+  assert sharding._fit(("model", None), (12, 32), fake) == sharding.P(None, None)   # 12 heads on 8: whole
+  assert sharding._fit(("model", None), (16, 32), fake) == sharding.P("model", None)
