@@ -47,6 +47,7 @@ class Model:
   source: str
   exec_params: Any = None
   load_s: float = 0.0          # seconds ``load`` took (reading or converting weights, building the tokenizer)
+  mesh: Any = None             # a jax Mesh when the parameters are sharded over devices (``on_mesh``)
   _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def __post_init__(self):
@@ -66,6 +67,15 @@ class Model:
   @property
   def weight_bytes(self) -> int:
     return model_lib.param_bytes(self.params)
+
+
+def on_mesh(m: Model, mesh) -> Model:
+  """The model with its parameters sharded over ``mesh`` (a ``jax.sharding.Mesh`` or 'DATAxMODEL'), by
+  ``sharding.RULES``; the decode loop then runs the stacked sharded parameters too (GSPMD partitions both)."""
+  from specjax import sharding
+  mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
+  params = sharding.shard_params(m.params, mesh)
+  return dataclasses.replace(m, params=params, exec_params=params, mesh=mesh, _compiled={})
 
 
 def default_exec_params(params):
@@ -304,18 +314,33 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
     return m._compiled[init_key], m._compiled[loop_key], 0.0
   t0 = time.perf_counter()
   before = compile_cache.counts()
+  from specjax import sharding
   cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, jnp.float32))
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  if m.mesh is not None:            # the inputs' shardings are part of what is compiled
+    cache = sharding.abstract_cache(cache, m.mesh)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=sharding.batch_sharding(s, m.mesh))  # noqa
   B = batch_size
-  init_traced = spec.init_jit.trace(engine, m.prefill_params, draft_params, cache, i32(B, prompt_pad), i32(B),
-                                    i32(B), jax.random.PRNGKey(0))
-  todo = {}
-  if init_key not in m._compiled:
-    todo[init_key] = init_traced.lower()
-  if loop_key not in m._compiled:   # the state's shapes come from the prefill's trace: no second trace
-    todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, init_traced.out_info,
-                                                i32(B))
-  if len(todo) == 1:
+  made = [k for k in (init_key, loop_key) if k not in m._compiled]
+  with sharding.use(m.mesh):
+    init_traced = spec.init_jit.trace(engine, m.prefill_params, draft_params, cache, i32(B, prompt_pad),
+                                      i32(B), i32(B), jax.random.PRNGKey(0))
+    todo = {}
+    if init_key not in m._compiled:
+      todo[init_key] = init_traced.lower()
+    state_info = init_traced.out_info
+    if m.mesh is not None and loop_key not in m._compiled:
+      # On a mesh the loop must take the state with the shardings the prefill gives it: compile that first.
+      if init_key in todo:
+        m._compiled[init_key] = todo.pop(init_key).compile()
+      state_info = jax.tree_util.tree_map(
+          lambda sds, sh: jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sh), init_traced.out_info,
+          m._compiled[init_key].output_shardings)
+    if loop_key not in m._compiled:   # the state's shapes come from the prefill's trace: no second trace
+      todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, state_info, i32(B))
+  if not todo:
+    pass
+  elif len(todo) == 1:
     (key, lowered), = todo.items()
     m._compiled[key] = lowered.compile()
   else:
@@ -324,7 +349,7 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
         m._compiled[key] = fn
   seconds = time.perf_counter() - t0
   what = " and ".join({"init": f"prefill (prompt bucket {prompt_pad})", "loop": "decode loop"}[k[0]]
-                      for k in todo)
+                      for k in made)
   log(f"{what} for {_shape_key(engine)}, batch {B}, buffer {max_len}: "
       f"{compile_cache.describe(compile_cache.since(before))} in {seconds:.1f}s")
   return m._compiled[init_key], m._compiled[loop_key], seconds
@@ -434,8 +459,12 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
              ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
              ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
-             acceptance=None, memory_budget: float | None = None) -> tuple[list[Generation], dict]:
+             acceptance=None, memory_budget: float | None = None,
+             mesh=None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
+
+  ``mesh`` ('DATAxMODEL' or a jax Mesh): run sharded over that many devices (``sharding``; batches over
+  "data", heads and FFN columns over "model"); the tokens are the single device's.
 
   ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
   (the target's own ``draft_layers``: a count of first layers or a list of indices) or ``model`` (``draft``:
@@ -462,6 +491,10 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
+  if mesh is not None:
+    m = on_mesh(m, mesh)
+    if draft is not None:
+      draft = on_mesh(draft, m.mesh)
   encoded = encode_prompts(m, prompts, chat)
   choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
   nodes = 0 if drafter == "none" else (choice.num_nodes if choice else k)
@@ -493,12 +526,18 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     stats["compile_s"] += compile_s
     key, sub = jax.random.split(key)
     cache = init_cache(m.cfg, batch_size, max_len, jnp.float32)
+    k_active = np.full((batch_size,), k_max, np.int32)
+    if m.mesh is None:   # host arrays go in with device_put (jnp.asarray would compile a copy per new shape)
+      put = jax.device_put
+    else:
+      from specjax import sharding
+      cache = sharding.shard_cache(cache, m.mesh)
+      put = lambda xs: tuple(sharding.shard_batch(x, m.mesh) for x in xs) if isinstance(xs, tuple) else (  # noqa
+          sharding.shard_batch(xs, m.mesh))
     t0 = time.perf_counter()
-    # Host arrays go in with device_put (jnp.asarray would compile a copy for every new shape).
-    state = jax.block_until_ready(init_fn(m.prefill_params, draft_params, cache,
-                                          *jax.device_put((arr, lens, max_new)), sub))
+    state = jax.block_until_ready(init_fn(m.prefill_params, draft_params, cache, *put((arr, lens, max_new)), sub))
     t1 = time.perf_counter()
-    res = loop_fn(m.exec_params, draft_params, state, jax.device_put(np.full((batch_size,), k_max, np.int32)))
+    res = loop_fn(m.exec_params, draft_params, state, put(k_active))
     seq = np.asarray(res.seq_BxS)
     starts = np.asarray(res.starts_BxS)
     stats["prefill_s"] += t1 - t0

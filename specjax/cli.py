@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--batch-size", type=int, default=1)
+  g.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh (on a CPU, "
+                                "XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices)")
   _add_drafter(g)
   g.add_argument("--json", action="store_true")
 
@@ -361,7 +363,7 @@ def cmd_generate(args) -> int:
   outputs, stats = api.generate(m, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 batch_size=args.batch_size, max_len=args.max_len, progress=True,
-                                **_drafter_kwargs(args), draft=draft)
+                                **_drafter_kwargs(args), draft=draft, mesh=args.mesh)
   stats.update(_executables())
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
                         for o in outputs], "stats": stats}

@@ -84,8 +84,8 @@ def _fit(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
   """The partition of parameter ``name`` (the last key of its path) with this shape on this mesh."""
-  if name not in RULES:
-    raise SpecjaxError(f"no sharding rule for parameter {name!r}: add one to specjax.sharding.RULES")
+  if name not in RULES:   # a drafter's own parameters (a feature drafter's fusion, ...): small, replicated
+    return P()
   return _fit(RULES[name], shape, mesh)
 
 
@@ -113,14 +113,27 @@ def shard_cache(cache, mesh: Mesh):
                      lengths=jax.device_put(cache.lengths, lengths))
 
 
+def abstract_cache(cache, mesh: Mesh):
+  """``shard_cache`` for a cache of ShapeDtypeStructs (ahead-of-time compilation)."""
+  kv = NamedSharding(mesh, _fit(CACHE_SPEC, cache.k.shape, mesh))
+  lengths = NamedSharding(mesh, _fit(("data",), cache.lengths.shape, mesh))
+  sds = lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)  # noqa: E731
+  return type(cache)(k=sds(cache.k, kv), v=sds(cache.v, kv), lengths=sds(cache.lengths, lengths))
+
+
+def batch_sharding(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
+  """A per-sequence array [B, ...]: over the data axis (replicated where B does not divide)."""
+  return NamedSharding(mesh, _fit(("data",) + (None,) * (len(shape) - 1), tuple(shape), mesh))
+
+
 def shard_batch(x, mesh: Mesh):
   """A per-sequence array [B, ...] over the data axis (replicated where B does not divide)."""
-  return jax.device_put(x, NamedSharding(mesh, _fit(("data",) + (None,) * (np.ndim(x) - 1), np.shape(x), mesh)))
+  return jax.device_put(x, batch_sharding(np.shape(x), mesh))
 
 
 @contextlib.contextmanager
-def use(mesh: Mesh):
-  """Trace under ``mesh``: while active (on this thread), ``distributed()`` says whether the model must avoid
+def use(mesh: Mesh | None):
+  """Trace under ``mesh`` (None: no mesh, a no-op): while active (on this thread), ``distributed()`` says whether the model must avoid
   the unsplittable native kernels."""
   prev = getattr(_LOCAL, "mesh", None)
   _LOCAL.mesh = mesh
@@ -146,5 +159,5 @@ def describe(mesh: Mesh, params) -> list[dict]:
   for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
     name = _leaf_name(path)
     rows.append({"param": jax.tree_util.keystr(path), "shape": list(x.shape),
-                 "partition": str(spec_for(name, x.shape, mesh))})
+                 "partition": str(spec_for(name, x.shape, mesh)) + ("" if name in RULES else " (no rule)")})
   return rows

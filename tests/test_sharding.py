@@ -60,3 +60,24 @@ def test_rules_name_every_parameter_and_drop_axes_that_do_not_divide():
   fake = type("M", (), {"shape": {"data": 2, "model": 8}})()
   assert sharding._fit(("model", None), (12, 32), fake) == sharding.P(None, None)   # 12 heads on 8: whole
   assert sharding._fit(("model", None), (16, 32), fake) == sharding.P("model", None)
+
+
+def test_generate_cli_on_a_mesh_gives_the_single_device_tokens(tmp_path):
+  """`specjax generate --mesh 2x4` end to end (a tiny GGUF, greedy n-gram speculation, batch 4)."""
+  from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+  path = str(write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("a b c a b c a\nhello hello hello\nthe cat the cat\nx\n")
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+         "SPECJAX_CACHE": str(tmp_path / "cache")}
+  outs = {}
+  for mesh in (None, "2x4"):
+    args = [sys.executable, "-m", "specjax.cli", "generate", "--model", path, "--prompts", str(prompts),
+            "--batch-size", "4", "--max-new-tokens", "12", "--drafter", "ngram", "--k", "3", "--json"]
+    proc = subprocess.run(args + (["--mesh", mesh] if mesh else []), capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outs[mesh] = [o["token_ids"] for o in json.loads(proc.stdout)["outputs"]]
+  assert outs["2x4"] == outs[None] and sum(map(len, outs[None])) > 0
+  bad = subprocess.run(args + ["--mesh", "3x3"], capture_output=True, text=True, env=env, timeout=600)
+  assert bad.returncode != 0 and "needs 9 devices, 8 are visible" in bad.stderr
