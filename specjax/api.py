@@ -65,6 +65,11 @@ class Model:
     return self.params
 
   @property
+  def dtype(self):
+    """The dtype of the weights, which the KV buffers and activations follow (``--dtype``)."""
+    return jnp.dtype(jax.tree_util.tree_leaves(self.params)[0].dtype)
+
+  @property
   def weight_bytes(self) -> int:
     return model_lib.param_bytes(self.params)
 
@@ -315,7 +320,7 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
   t0 = time.perf_counter()
   before = compile_cache.counts()
   from specjax import sharding
-  cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, jnp.float32))
+  cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, m.dtype))
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   if m.mesh is not None:            # the inputs' shardings are part of what is compiled
     cache = sharding.abstract_cache(cache, m.mesh)
@@ -525,7 +530,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
                                                    log=_log if progress else (lambda _: None))
     stats["compile_s"] += compile_s
     key, sub = jax.random.split(key)
-    cache = init_cache(m.cfg, batch_size, max_len, jnp.float32)
+    cache = init_cache(m.cfg, batch_size, max_len, m.dtype)
     k_active = np.full((batch_size,), k_max, np.int32)
     if m.mesh is None:   # host arrays go in with device_put (jnp.asarray would compile a copy per new shape)
       put = jax.device_put
@@ -630,8 +635,10 @@ def score(m: Model, text: str) -> ScoreResult:
   if fn is None:
     cfg = m.cfg
 
+    dtype = m.dtype
+
     def run(params, tokens_1xT):
-      cache = init_cache(cfg, 1, T, jnp.float32)
+      cache = init_cache(cfg, 1, T, dtype)
       out = model_lib.forward(params, cfg, tokens_1xT, jnp.arange(T)[None], cache)
       return _next_token_logprobs(out.logits, tokens_1xT)
 

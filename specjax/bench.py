@@ -96,7 +96,7 @@ def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int,
   B = arr.shape[0]
   init_fn, loop_fn = _compiled(m, engine, draft_params, arr, max_len, timer)
   t0 = time.perf_counter()
-  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len),
+  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len, m.dtype),
                   *jax.device_put((arr, lens, np.full((B,), max_new, np.int32))), jax.random.PRNGKey(0))
   k_active = jax.device_put(np.full((B,), k_max, np.int32))
   jax.block_until_ready((state, k_active))
@@ -212,7 +212,7 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
   B = arr.shape[0]
   K = engine.k_max
   init_fn, _ = _compiled(m, engine, draft_params, arr, max_len, timer)
-  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len),
+  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len, m.dtype),
                   *jax.device_put((arr, lens, np.full((B,), 2, np.int32))), jax.random.PRNGKey(0))
   lengths = state.cache.lengths
   mask_N1xN1, depth_N1 = _verify_mask_N1xN1(engine.shape)

@@ -75,23 +75,20 @@ def main():
   params = model.unstack_layers(model.init_params(CFG, jax.random.PRNGKey(0)))
   dparams = model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))
   greedy, sampled = sampling.SamplingParams(), sampling.SamplingParams(temperature=0.8, top_k=20)
-  settings = {
-      "plain": (NoDrafter(), (), tree_shapes.chain(0)),
-      "ngram-chain": (NgramDrafter(3), (), tree_shapes.chain(3)),
-      "model-chain": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS), dparams, tree_shapes.chain(3)),
-      "model-tree": (ModelDrafter(DRAFT_CFG, buckets=BUCKETS), dparams, tree_shapes.branching([2, 2])),
+  model_drafter = ModelDrafter(DRAFT_CFG, buckets=BUCKETS)
+  settings = {   # (drafter, its params, tree, sampling, meshes to run on besides the single device)
+      "plain/greedy": (NoDrafter(), (), tree_shapes.chain(0), greedy, ()),
+      "ngram-chain/greedy": (NgramDrafter(3), (), tree_shapes.chain(3), greedy, ("1x8", "2x4", "8x1")),
+      "model-tree/greedy": (model_drafter, dparams, tree_shapes.branching([2, 2]), greedy, ("1x8", "2x4", "8x1")),
+      "model-chain/sampled": (model_drafter, dparams, tree_shapes.chain(3), sampled, ("1x8", "2x4", "8x1")),
   }
   meshes = {name: sharding.make_mesh(name) for name in ("1x8", "2x4", "8x1")}
   out = {"devices": len(jax.devices()), "results": {}}
-  for label, (drafter, dp, shape) in settings.items():
-    for sp_name, sp in (("greedy", greedy), ("sampled", sampled)):
-      if sp_name == "sampled" and label != "model-chain":
-        continue
-      one = run(params, dp, drafter, shape, sp, None)
-      row = {"single": one}
-      for mname, mesh in meshes.items():
-        row[mname] = run(params, dp, drafter, shape, sp, mesh)
-      out["results"][f"{label}/{sp_name}"] = row
+  for label, (drafter, dp, shape, sp, on) in settings.items():
+    row = {"single": run(params, dp, drafter, shape, sp, None)}
+    for mname in on:
+      row[mname] = run(params, dp, drafter, shape, sp, meshes[mname])
+    out["results"][label] = row
   ops, gathers = collectives(params, meshes["2x4"], NgramDrafter(3), tree_shapes.chain(3))
   weights = sorted({f"f32[{','.join(map(str, x.shape))}]" for x in jax.tree_util.tree_leaves(params)})
   out["collectives_2x4"] = ops

@@ -103,3 +103,13 @@ def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm, tmp_path
                                    draft_layers="0,1,2,3,26,27,28,29" if drafter == "layerskip" else None, **kw)
     assert [o.token_ids for o in outs] == base, (drafter, tree)
     assert stats["drafted_tokens"] > 0
+
+
+def test_bf16_real_model_perplexity(smollm):
+  """bf16 end to end (weights, KV buffers, activations; logits in fp32): perplexity on the council paragraph
+  within 2% of fp32.  (bf16 speculative = bf16 plain greedy: tests/test_sharding.py, on a tiny model.)"""
+  text = ("The city council voted on Tuesday to extend the bus line to the airport. The extension will open "
+          "next year and add four stops.")
+  bf16 = specjax.load("smollm2-135m", dtype="bfloat16")
+  ratio = specjax.score(bf16, text).perplexity / specjax.score(smollm, text).perplexity
+  assert abs(ratio - 1) < 0.02, ratio

@@ -24,15 +24,17 @@ def child():
 
 def test_every_mesh_decodes_the_single_device_tokens(child):
   assert child["devices"] == 8
-  assert set(child["results"]) == {"plain/greedy", "ngram-chain/greedy", "model-chain/greedy",
-                                   "model-tree/greedy", "model-chain/sampled"}
+  assert set(child["results"]) == {"plain/greedy", "ngram-chain/greedy", "model-tree/greedy",
+                                   "model-chain/sampled"}
   for setting, row in child["results"].items():
     assert sum(map(len, row["single"])) > 0
-    for mesh in ("1x8", "2x4", "8x1"):
+    for mesh in set(row) - {"single"}:
       assert row[mesh] == row["single"], (setting, mesh)
-  # speculative greedy decoding is plain greedy decoding, sharded or not
-  for setting in ("ngram-chain/greedy", "model-chain/greedy", "model-tree/greedy"):
-    assert child["results"][setting]["2x4"] == child["results"]["plain/greedy"]["single"], setting
+  # speculative greedy decoding is plain greedy decoding, on every mesh
+  plain = child["results"]["plain/greedy"]["single"]
+  for setting in ("ngram-chain/greedy", "model-tree/greedy"):
+    for mesh in ("1x8", "2x4", "8x1"):
+      assert child["results"][setting][mesh] == plain, (setting, mesh)
 
 
 def test_sharded_step_all_reduces_and_gathers_no_weight(child):
@@ -81,3 +83,23 @@ def test_generate_cli_on_a_mesh_gives_the_single_device_tokens(tmp_path):
   assert outs["2x4"] == outs[None] and sum(map(len, outs[None])) > 0
   bad = subprocess.run(args + ["--mesh", "3x3"], capture_output=True, text=True, env=env, timeout=600)
   assert bad.returncode != 0 and "needs 9 devices, 8 are visible" in bad.stderr
+
+
+def test_bf16_speculative_greedy_equals_bf16_plain_greedy(tmp_path):
+  """--dtype bfloat16: weights, KV buffers and activations in bf16 (logits and softmax statistics in fp32);
+  the engine's exactness holds in that dtype too."""
+  import jax.numpy as jnp
+  from specjax import api
+  from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+  path = str(write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
+  m = api.load(path, dtype="bfloat16")
+  assert m.dtype == jnp.bfloat16
+  prompts = ["a b c a b c a", "hello hello hello", "the cat the cat"]
+  base, _ = api.generate(m, prompts, max_new_tokens=16, batch_size=3)
+  assert sum(len(o.token_ids) for o in base) > 0
+  for drafter, kw in (("ngram", {"k": 3}), ("layerskip", {"k": 2, "draft_layers": 1})):
+    outs, stats = api.generate(m, prompts, max_new_tokens=16, batch_size=3, drafter=drafter, **kw)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base], drafter
+  f32 = api.load(path)
+  text = "a b c a b c a b c hello the cat"
+  assert abs(api.score(m, text).perplexity / api.score(f32, text).perplexity - 1) < 0.05
