@@ -71,6 +71,40 @@ def collectives(params, mesh, drafter, shape):
   return ops, gathers
 
 
+def train_losses(mesh, steps: int = 2):
+  """Losses of `steps` AdamW steps of the draft-model trainer's loss (cross-entropy) on a fixed batch: on one
+  device, or data- and model-parallel over `mesh` (batch over "data", parameters by sharding.RULES)."""
+  import optax
+  from specjax.training import draft_model
+  params = model.init_params(CFG, jax.random.PRNGKey(3))
+  r = np.random.default_rng(5)
+  T = 16
+  batch = {"tokens": jnp.asarray(r.integers(3, CFG.vocab_size, (B, T)), jnp.int32),
+           "seg": jnp.ones((B, T), jnp.int32), "pos": jnp.tile(jnp.arange(T, dtype=jnp.int32), (B, 1)),
+           "loss_mask": jnp.asarray(r.random((B, T)) < 0.8),
+           "final": jnp.asarray(r.standard_normal((B, T, CFG.d_model)), jnp.float32)}
+  head = jnp.asarray(r.standard_normal((CFG.vocab_size, CFG.d_model)) * 0.1, jnp.float32)
+  tx = optax.adamw(1e-2)
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh)
+    batch = {k: sharding.shard_batch(v, mesh) for k, v in batch.items()}
+
+  @jax.jit
+  def step(params, opt, batch):
+    (loss, _), g = jax.value_and_grad(
+        lambda p: draft_model.loss_fn(p, {}, CFG, "ce", batch, head), has_aux=True)(params)
+    upd, opt = tx.update(g, opt, params)
+    return optax.apply_updates(params, upd), opt, loss
+
+  opt = tx.init(params)
+  out = []
+  with sharding.use(mesh):
+    for _ in range(steps):
+      params, opt, loss = step(params, opt, batch)
+      out.append(float(loss))
+  return out
+
+
 def main():
   params = model.unstack_layers(model.init_params(CFG, jax.random.PRNGKey(0)))
   dparams = model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))
@@ -89,6 +123,8 @@ def main():
     for mname in on:
       row[mname] = run(params, dp, drafter, shape, sp, meshes[mname])
     out["results"][label] = row
+  out["train_losses"] = {"single": train_losses(None),
+                         **{name: train_losses(mesh) for name, mesh in meshes.items()}}
   ops, gathers = collectives(params, meshes["2x4"], NgramDrafter(3), tree_shapes.chain(3))
   weights = sorted({f"f32[{','.join(map(str, x.shape))}]" for x in jax.tree_util.tree_leaves(params)})
   out["collectives_2x4"] = ops

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specjax import sharding
@@ -35,6 +36,14 @@ def test_every_mesh_decodes_the_single_device_tokens(child):
   for setting in ("ngram-chain/greedy", "model-tree/greedy"):
     for mesh in ("1x8", "2x4", "8x1"):
       assert child["results"][setting][mesh] == plain, (setting, mesh)
+
+
+def test_a_training_step_gives_the_same_loss_on_every_mesh(child):
+  losses = child["train_losses"]
+  single = losses["single"]
+  assert len(single) == 2 and single[1] < single[0]          # the step trains
+  for mesh in ("1x8", "2x4", "8x1"):
+    np.testing.assert_allclose(losses[mesh], single, rtol=1e-5, atol=1e-5, err_msg=mesh)
 
 
 def test_sharded_step_all_reduces_and_gathers_no_weight(child):
