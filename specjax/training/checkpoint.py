@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -89,6 +90,11 @@ class Checkpointer:
     self.keep = keep
     if self.directory.exists() and not self.directory.is_dir():
       raise CheckpointError(f"checkpoint directory {self.directory} is a file: use another --run-dir")
+    # What a save killed half-way leaves behind, removed here and now: orbax's own cleanup
+    # (cleanup_tmp_directories) may run on a background thread, after a resume has already listed the steps.
+    if self.directory.is_dir():
+      for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(tmp, ignore_errors=True)
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=every, max_to_keep=keep, create=False, cleanup_tmp_directories=True,
         enable_async_checkpointing=False)
