@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import costmodel, decode, machine, model as model_lib, sampling
+from specjax import costmodel, decode, distributed, machine, model as model_lib, sampling
 from specjax import speculative as spec
 from specjax.speculative import tree_shapes
 from specjax.speculative.drafters import DynamicShape, shape_for
@@ -444,7 +444,7 @@ def tree_stats(choice: TreeChoice | None, k_max: int, acceptance=None) -> dict:
 def spec_metrics(stats: spec.SpecStats) -> dict:
   """τ, α, acceptance per tree depth (pos_accepted / pos_reached; ``acceptance_by_position`` is the same list
   under its chain-era name) and per-node accepted counts (node 0: live iterations) from the loop's counters."""
-  g = lambda x: np.asarray(x)
+  g = distributed.to_host
   committed, steps = g(stats.committed_B).sum(), g(stats.verify_steps_B).sum()
   drafted, accepted = g(stats.drafted_B).sum(), g(stats.accepted_B).sum()
   reached, pos_acc = g(stats.pos_reached_K), g(stats.pos_accepted_K)
@@ -456,6 +456,17 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
           "drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
           "target_forwards": int(g(stats.target_forwards)), "draft_forwards": int(g(stats.draft_forwards)),
           "iterations": int(g(stats.iterations)), "verify_rows_steps": g(stats.verify_rows_K1).tolist()}
+
+
+def device_inputs(m: Model, batch_size: int, max_len: int, *host_arrays):
+  """A fresh KV cache and the per-sequence host arrays [B, ...] on the model's devices: ``device_put``
+  (jnp.asarray would compile a copy per new shape), or on a mesh the cache over (data, model) and the arrays
+  over data (every process of a multi-process run passes the same whole arrays)."""
+  cache = init_cache(m.cfg, batch_size, max_len, m.dtype)
+  if m.mesh is None:
+    return cache, jax.device_put(host_arrays)
+  from specjax import sharding
+  return sharding.shard_cache(cache, m.mesh), tuple(sharding.shard_batch(x, m.mesh) for x in host_arrays)
 
 
 def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128,
@@ -530,25 +541,18 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
                                                    log=_log if progress else (lambda _: None))
     stats["compile_s"] += compile_s
     key, sub = jax.random.split(key)
-    cache = init_cache(m.cfg, batch_size, max_len, m.dtype)
-    k_active = np.full((batch_size,), k_max, np.int32)
-    if m.mesh is None:   # host arrays go in with device_put (jnp.asarray would compile a copy per new shape)
-      put = jax.device_put
-    else:
-      from specjax import sharding
-      cache = sharding.shard_cache(cache, m.mesh)
-      put = lambda xs: tuple(sharding.shard_batch(x, m.mesh) for x in xs) if isinstance(xs, tuple) else (  # noqa
-          sharding.shard_batch(xs, m.mesh))
+    cache, (arr_d, lens_d, max_new_d, k_active) = device_inputs(
+        m, batch_size, max_len, arr, lens, max_new, np.full((batch_size,), k_max, np.int32))
     t0 = time.perf_counter()
-    state = jax.block_until_ready(init_fn(m.prefill_params, draft_params, cache, *put((arr, lens, max_new)), sub))
+    state = jax.block_until_ready(init_fn(m.prefill_params, draft_params, cache, arr_d, lens_d, max_new_d, sub))
     t1 = time.perf_counter()
-    res = loop_fn(m.exec_params, draft_params, state, put(k_active))
-    seq = np.asarray(res.seq_BxS)
-    starts = np.asarray(res.starts_BxS)
+    res = loop_fn(m.exec_params, draft_params, state, k_active)
+    seq = distributed.to_host(res.seq_BxS)
+    starts = distributed.to_host(res.starts_BxS)
     stats["prefill_s"] += t1 - t0
     stats["decode_s"] += time.perf_counter() - t1
     totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
-    num_new = np.asarray(res.num_new_B)
+    num_new = distributed.to_host(res.num_new_B)
     for i, toks in enumerate(chunk):
       ids = seq[i, len(toks):len(toks) + num_new[i]].tolist()
       p = prompts[start + i]

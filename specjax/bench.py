@@ -22,13 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import costmodel, decode, machine, sampling
+from specjax import costmodel, decode, distributed, machine, sampling
 from specjax import paired as paired_lib
 from specjax import speculative as spec
 from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits,
-                         compile_generate, encode_prompts, make_engine, pad_batch, parse_layers, resolve_tree,
+                         compile_generate, device_inputs, encode_prompts, make_engine, on_mesh, pad_batch, parse_layers, resolve_tree,
                          spec_metrics, tree_stats)
-from specjax.kv_cache import cache_bytes, init_cache
+from specjax.kv_cache import cache_bytes
 from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
 from specjax.speculative import tree_shapes
@@ -96,9 +96,9 @@ def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int,
   B = arr.shape[0]
   init_fn, loop_fn = _compiled(m, engine, draft_params, arr, max_len, timer)
   t0 = time.perf_counter()
-  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len, m.dtype),
-                  *jax.device_put((arr, lens, np.full((B,), max_new, np.int32))), jax.random.PRNGKey(0))
-  k_active = jax.device_put(np.full((B,), k_max, np.int32))
+  cache, (*inputs, k_active) = device_inputs(m, B, max_len, arr, lens, np.full((B,), max_new, np.int32),
+                                            np.full((B,), k_max, np.int32))
+  state = init_fn(m.prefill_params, draft_params, cache, *inputs, jax.random.PRNGKey(0))
   jax.block_until_ready((state, k_active))
   t1 = time.perf_counter()
   res = loop_fn(m.exec_params, draft_params, state, k_active)
@@ -155,7 +155,7 @@ def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, time
   arr, lens, live = batch
   t, res = _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, max_new, max_len,
                                method.k_max, timer)
-  num_new = np.asarray(res.num_new_B)[:live]
+  num_new = distributed.to_host(res.num_new_B)[:live]
   return Run(max(t, 1e-9), int(np.sum(np.maximum(num_new - 1, 0))), res.stats,
              [float(l + n / 2) for l, n in zip(lens[:live], num_new)])
 
@@ -212,8 +212,8 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
   B = arr.shape[0]
   K = engine.k_max
   init_fn, _ = _compiled(m, engine, draft_params, arr, max_len, timer)
-  state = init_fn(m.prefill_params, draft_params, init_cache(m.cfg, B, max_len, m.dtype),
-                  *jax.device_put((arr, lens, np.full((B,), 2, np.int32))), jax.random.PRNGKey(0))
+  cache, inputs = device_inputs(m, B, max_len, arr, lens, np.full((B,), 2, np.int32))
+  state = init_fn(m.prefill_params, draft_params, cache, *inputs, jax.random.PRNGKey(0))
   lengths = state.cache.lengths
   mask_N1xN1, depth_N1 = _verify_mask_N1xN1(engine.shape)
 
@@ -300,7 +300,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     bw_after = measure_read_bandwidth()
   secs, toks = timed["seconds"], timed["tokens"]
   ar_tps = float(toks[0].sum() / secs[0].sum())
-  ar_iters = max(1, int(np.asarray(timed["stats"][0].iterations)))
+  ar_iters = max(1, int(distributed.to_host(timed["stats"][0].iterations)))
   ar_step_s = float(secs[0, 0].sum()) / ar_iters                     # repeat 0: the stats' repeat
   mean_context = float(np.mean(timed["contexts"][0]))
   best_bw = max(bw_before["best"], bw_after["best"])
@@ -345,11 +345,16 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           max_len: int | None = None, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
-          log=print) -> dict:
+          mesh=None, log=print) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
-  before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed."""
+  before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
+  ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``)."""
   if repeats < 1:
     raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
+  if mesh is not None:
+    m = on_mesh(m, mesh)
+    if draft is not None:
+      draft = on_mesh(draft, m.mesh)
   trees = list(tree) if isinstance(tree, (list, tuple)) else [tree]
   # With several trees one acceptance vector serves the static ones (a dynamic tree has no use for it).
   acc_for = lambda t: None if len(trees) > 1 and str(t).startswith("dynamic") else acceptance  # noqa: E731
@@ -369,7 +374,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
       f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
             "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
-            "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": machine.describe()}
+            "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": machine.describe(),
+            "mesh": None if m.mesh is None else "x".join(map(str, m.mesh.devices.shape))}
   log(f"[bench] machine: {machine.short(result['machine'])}")
   specs = [] if drafter == "none" else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,

@@ -18,6 +18,9 @@ def _log(msg: str) -> None:
 
 
 def _emit(obj: Any, as_json: bool, human) -> None:
+  from specjax import distributed
+  if not distributed.is_main():     # a multi-process run: process 0 reports for all
+    return
   if as_json:
     sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
   else:
@@ -45,6 +48,14 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                       "other commands 2048)")
   p.add_argument("--no-compile-cache", action="store_true",
                  help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
+
+
+def _add_mesh(p: argparse.ArgumentParser) -> None:
+  from specjax import distributed
+  p.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh of all "
+                                "processes' devices (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                                "makes N devices); docs/MULTI_DEVICE.md")
+  distributed.add_flags(p)
 
 
 def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
@@ -123,8 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--batch-size", type=int, default=1)
-  g.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh (on a CPU, "
-                                "XLA_FLAGS=--xla_force_host_platform_device_count=N makes N devices)")
+  _add_mesh(g)
   _add_drafter(g)
   g.add_argument("--json", action="store_true")
 
@@ -154,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="paired (default): each prompt decoded plainly and speculatively back to back, the "
                       "order alternating; blocked: all plain decoding, then all speculative (for comparison)")
   _add_drafter(b, many_trees=True)
+  _add_mesh(b)
   b.add_argument("--json", action="store_true")
 
   a = sub.add_parser("acceptance-vector",
@@ -408,7 +419,8 @@ def cmd_bench(args) -> int:
   m = _load(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=args.max_len, ignore_eos=args.ignore_eos, draft=_load_draft(args),
-                    repeats=args.repeats, paired=args.schedule == "paired", log=_log, **_drafter_kwargs(args))
+                    repeats=args.repeats, paired=args.schedule == "paired", log=_log, mesh=args.mesh,
+                    **_drafter_kwargs(args))
   res.update(_executables())
 
   def human(r):
@@ -716,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   from specjax.errors import SpecjaxError
   try:
+    if hasattr(args, "coordinator"):       # before anything touches a device
+      from specjax import distributed
+      distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed, log=_log)
     return COMMANDS[args.command](args)
   except SpecjaxError as e:
     # one line: gin appends "In call to configurable ..." to errors raised inside a bound function

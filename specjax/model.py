@@ -31,6 +31,7 @@ import numpy as np
 import pallas_kernels
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_attention, cpu_matmul
+from specjax import sharding
 from specjax.kv_cache import KVCache
 
 Params = dict[str, Any]
@@ -357,6 +358,9 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     if path == "native":
       return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, region_BxTxU, live_T)
     if path == "pallas":
+      if sharding.distributed():   # a custom call GSPMD cannot split: each device runs it on its shard
+        return sharding.attention_per_shard(pallas_kernels.tree_attention, q, k_all, v_all, layer, lengths,
+                                            region_BxTxU)
       return pallas_kernels.tree_attention(q, k_all, v_all, layer, lengths, region_BxTxU)
 
     def over(w):

@@ -12,7 +12,10 @@ inputs' shardings and inserts the collectives (an all-reduce after each row-para
       state = speculative.generate(params, (), cache, ...)
 
 The native CPU kernels are XLA custom calls that GSPMD cannot split: under a mesh of more than one device
-the model takes its XLA paths instead (``distributed()``), so no weight is gathered to run them.
+the model takes its XLA paths instead (``distributed()``), so no weight is gathered to run them.  The Pallas
+tree-attention kernel (GPU, TPU) is a custom call too, but attention is independent per sequence and per KV
+head: ``attention_per_shard`` runs it under ``jax.shard_map``, each device on its own sequences and heads of
+the KV buffer, with no collective at all.
 
 A dimension whose size the mesh axis does not divide stays replicated on that dimension (a toy model with 4
 heads on 8 devices still runs, with less sharding); ``spec_for`` says what each parameter gets.
@@ -151,6 +154,22 @@ def distributed() -> bool:
   """True while tracing under a mesh of more than one device."""
   mesh = current()
   return mesh is not None and math.prod(mesh.shape.values()) > 1
+
+
+def attention_per_shard(kernel, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
+  """``kernel`` (same signature, e.g. ``pallas_kernels.tree_attention``) on each device's shard of the
+  current mesh: sequences over "data", query heads and KV heads over "model" (query head h reads KV head
+  h // G, so the model axis splitting both H and K keeps each group on one device).  An axis that does not
+  divide B (or H and K) is left whole on that dimension: correct, just less split."""
+  mesh = current()
+  B, _, H, _ = q_BxTxHxE.shape
+  K = k_LxBxSxKxE.shape[3]
+  d = "data" if B % mesh.shape["data"] == 0 else None
+  m = "model" if H % mesh.shape["model"] == 0 and K % mesh.shape["model"] == 0 else None
+  q_spec, kv_spec = P(d, None, m, None), P(None, d, None, m, None)
+  per_device = jax.shard_map(kernel, mesh=mesh, check_vma=False,
+                             in_specs=(q_spec, kv_spec, kv_spec, P(), P(d), P(d, None, None)), out_specs=q_spec)
+  return per_device(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU)
 
 
 def describe(mesh: Mesh, params) -> list[dict]:

@@ -31,7 +31,8 @@ for b in range(B):   # repeated patterns, so that n-gram lookup finds drafts
 MAX_NEW = rng.integers(8, 20, B).astype(np.int32)
 
 
-def run(params, dparams, drafter, shape, sp, mesh):
+def run(params, dparams, drafter, shape, sp, mesh, hlo=None):
+  """Tokens of each sequence; with ``hlo`` (a dict), also the compiled program's text under hlo["text"]."""
   N = shape.num_nodes
   eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sp, eos_ids=(), buckets=BUCKETS, tree=shape)
   cache = kv_cache.init_cache(CFG, B, S)
@@ -42,7 +43,12 @@ def run(params, dparams, drafter, shape, sp, mesh):
     cache = sharding.shard_cache(cache, mesh)
     args = [sharding.shard_batch(a, mesh) for a in args]
   with sharding.use(mesh) if mesh is not None else _null():
-    st = generate(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng)
+    if hlo is None:
+      st = generate(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng)
+    else:   # compile once: read the program, then run that same executable
+      compiled = generate.lower(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng).compile()
+      hlo["text"] = compiled.as_text()
+      st = compiled(params, dparams, cache, *args, jax.random.PRNGKey(7))
   seq = np.asarray(st.seq_BxS)
   return [seq[i, LENS[i]:LENS[i] + int(st.num_new_B[i])].tolist() for i in range(B)]
 
@@ -55,16 +61,8 @@ class _null:
     return False
 
 
-def collectives(params, mesh, drafter, shape):
-  """Collective ops in the compiled sharded decoding, and every all-gather's result shape."""
-  N = shape.num_nodes
-  eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sampling.SamplingParams(), eos_ids=(), buckets=BUCKETS,
-               tree=shape)
-  p = sharding.shard_params(params, mesh)
-  cache = sharding.shard_cache(kv_cache.init_cache(CFG, B, S), mesh)
-  args = [sharding.shard_batch(jnp.asarray(a), mesh) for a in (PROMPTS, LENS, MAX_NEW, np.full((B,), N, np.int32))]
-  with sharding.use(mesh):
-    text = generate.lower(p, (), cache, *args, jax.random.PRNGKey(7), engine=eng).compile().as_text()
+def collectives(text):
+  """Collective ops in a compiled program's text, and every all-gather's result shape."""
   ops = {op: len(re.findall(rf"\b{op}(?:-start)?\(", text)) for op in ("all-reduce", "all-gather", "all-to-all",
                                                                           "collective-permute")}
   gathers = re.findall(r"=\s*\(?([a-z0-9]+\[[0-9,]*\])[^=\n]*?\ball-gather(?:-start)?\(", text)
@@ -118,18 +116,29 @@ def main():
   }
   meshes = {name: sharding.make_mesh(name) for name in ("1x8", "2x4", "8x1")}
   out = {"devices": len(jax.devices()), "results": {}}
+  hlo = {}
   for label, (drafter, dp, shape, sp, on) in settings.items():
     row = {"single": run(params, dp, drafter, shape, sp, None)}
     for mname in on:
-      row[mname] = run(params, dp, drafter, shape, sp, meshes[mname])
+      want = hlo if (label, mname) == ("ngram-chain/greedy", "2x4") else None
+      row[mname] = run(params, dp, drafter, shape, sp, meshes[mname], want)
     out["results"][label] = row
+  out["collectives_2x4"], out["all_gather_shapes_2x4"] = collectives(hlo["text"])
+  # The Pallas tree kernel (interpret mode here) per shard under shard_map: same tokens, no gathered KV.
+  os.environ["SPECJAX_ATTENTION"] = "pallas"
+  jax.clear_caches()     # the attention path is chosen at trace time
+  pallas_hlo = {}
+  out["results"]["pallas-tree/greedy"] = {
+      "single": run(params, dparams, model_drafter, tree_shapes.branching([2, 2]), greedy, None),
+      "2x4": run(params, dparams, model_drafter, tree_shapes.branching([2, 2]), greedy, meshes["2x4"], pallas_hlo)}
+  del os.environ["SPECJAX_ATTENTION"]
+  out["pallas_2x4_shard_map"] = "shmap_body" in pallas_hlo["text"] or "shard_map" in pallas_hlo["text"]
+  out["collectives_pallas_2x4"], out["all_gather_shapes_pallas_2x4"] = collectives(pallas_hlo["text"])
   out["train_losses"] = {"single": train_losses(None),
                          **{name: train_losses(mesh) for name, mesh in meshes.items()}}
-  ops, gathers = collectives(params, meshes["2x4"], NgramDrafter(3), tree_shapes.chain(3))
   weights = sorted({f"f32[{','.join(map(str, x.shape))}]" for x in jax.tree_util.tree_leaves(params)})
-  out["collectives_2x4"] = ops
-  out["all_gather_shapes_2x4"] = gathers
   out["weight_shapes"] = weights
+  out["cache_shape"] = f"f32[{CFG.num_layers},{B},{S},{CFG.num_kv_heads},{CFG.head_dim}]"
   out["partitions_2x4"] = sharding.describe(meshes["2x4"], params)[:8]
   json.dump(out, sys.stdout)
 

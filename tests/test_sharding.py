@@ -26,7 +26,7 @@ def child():
 def test_every_mesh_decodes_the_single_device_tokens(child):
   assert child["devices"] == 8
   assert set(child["results"]) == {"plain/greedy", "ngram-chain/greedy", "model-tree/greedy",
-                                   "model-chain/sampled"}
+                                   "model-chain/sampled", "pallas-tree/greedy"}
   for setting, row in child["results"].items():
     assert sum(map(len, row["single"])) > 0
     for mesh in set(row) - {"single"}:
@@ -51,6 +51,18 @@ def test_sharded_step_all_reduces_and_gathers_no_weight(child):
   assert ops["all-reduce"] > 0, ops               # row-parallel matmuls sum their partial products
   weights = set(child["weight_shapes"])
   assert not weights & set(child["all_gather_shapes_2x4"]), child["all_gather_shapes_2x4"]
+
+
+def test_pallas_tree_kernel_runs_per_shard(child):
+  """SPECJAX_ATTENTION=pallas (interpret mode on the CPU): under a 2x4 mesh the kernel runs in shard_map on
+  each device's sequences and KV heads, gives the single device's tree tokens, and no KV buffer (the only
+  rank-5 arrays) is gathered."""
+  row = child["results"]["pallas-tree/greedy"]
+  assert row["2x4"] == row["single"] == child["results"]["model-tree/greedy"]["single"]
+  assert child["pallas_2x4_shard_map"]
+  rank5 = [s for s in child["all_gather_shapes_pallas_2x4"] if s.count(",") == 4]
+  assert not rank5, rank5
+  assert not set(child["weight_shapes"]) & set(child["all_gather_shapes_pallas_2x4"])
 
 
 def test_mesh_spec_errors_are_clear():
