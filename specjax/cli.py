@@ -108,6 +108,11 @@ def _serving_engine(args, m, max_len: int, **kwargs):
   from specjax import calibrate
   from specjax.serving import factory
   draft = _load_draft(args)
+  if getattr(args, "mesh", None):
+    from specjax import api
+    m = api.on_mesh(m, args.mesh)
+    if draft is not None and not isinstance(draft, str):
+      draft = api.on_mesh(draft, m.mesh)
   spec = calibrate.load_or_calibrate(args.device, log=_log) if args.policy == "goodput" else None
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=_buckets(args.buckets),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
@@ -191,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
   tr.add_argument("--gin-binding", action="append", default=[], help="e.g. 'train_eagle.steps = 200'")
   tr.add_argument("--run-dir", default=None, help="run directory (default runs/<config name>)")
   tr.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+  _add_mesh(tr)
   tr.add_argument("--json", action="store_true")
 
   e = sub.add_parser("eval-draft", help="a trained drafter: 1 - TVD per position, measured acceptance under "
@@ -241,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_model(ss)
   _add_drafter(ss, trees=False, default="ngram")
   _add_serving(ss)
+  _add_mesh(ss)
   ss.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson; 0: all at once)")
   ss.add_argument("--requests", type=int, default=16)
   ss.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
@@ -255,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_model(sv)
   _add_drafter(sv, trees=False, default="none")
   _add_serving(sv)
+  _add_mesh(sv)
   sv.add_argument("--host", default="127.0.0.1")
   sv.add_argument("--port", type=int, default=8000)
   sv.add_argument("--temperature", type=float, default=0.0, help="the sampling temperature of every request")
@@ -650,7 +658,7 @@ def cmd_models(args) -> int:
 
 def cmd_train(args) -> int:
   from specjax import runner
-  summary = runner.train_from_files(args.config, args.gin_binding, args.run_dir, args.resume)
+  summary = runner.train_from_files(args.config, args.gin_binding, args.run_dir, args.resume, args.mesh)
 
   def human(s):
     print(f"drafter: {s['drafter']}  (train {s['train_s']:.0f}s, {s['steps']} steps, "

@@ -46,9 +46,10 @@ def train_settings(recipe: Callable = gin.REQUIRED, name: str | None = None):
   return recipe, name
 
 
-def train_from_files(config_files: list[str], bindings: list[str], run_dir: str | None, resume: bool):
+def train_from_files(config_files: list[str], bindings: list[str], run_dir: str | None, resume: bool,
+                     mesh: str | None = None):
   """``specjax train``: the recipe bound in the config, run into ``run_dir`` (default runs/<name>); the
-  resolved config is saved there as config.gin."""
+  resolved config is saved there as config.gin.  ``mesh`` ('DATAxMODEL', --mesh) overrides the recipe's."""
   parse(config_files, bindings)
   try:
     recipe, name = _CONFIGURABLE_TRAIN()
@@ -56,7 +57,7 @@ def train_from_files(config_files: list[str], bindings: list[str], run_dir: str 
     raise ConfigError(f"invalid gin config: {e} (bind train.recipe = @train_eagle)") from e
   name = name or Path(config_files[0]).stem
   out_dir = Path(run_dir) if run_dir else Path("runs") / name
-  summary = recipe(run_dir=str(out_dir), resume=resume)
+  summary = recipe(run_dir=str(out_dir), resume=resume, **({"mesh": mesh} if mesh else {}))
   (out_dir / "config.gin").write_text(gin.config_str(), encoding="utf-8")
   return summary
 

@@ -329,26 +329,31 @@ from specjax import config, model
 from specjax.training import recipes
 CFG = config.TINY.replace(num_layers=3)
 target = model.init_params(CFG, jax.random.PRNGKey(0))
-out = recipes.train_eagle_on(target, CFG, data_dir={data!r}, run_dir={run!r}, steps=4, batch_size=2, seq_len=64,
-                             learning_rate=3e-3, warmup_steps=1, checkpoint_every=100, log_every=1, unroll=2,
-                             progress=False)
+kw = dict(data_dir={data!r}, run_dir={run!r}, batch_size=2, seq_len=64, learning_rate=3e-3, warmup_steps=1,
+          checkpoint_every=2, log_every=1, unroll=2, progress=False, mesh={mesh!r})
+recipes.train_eagle_on(target, CFG, steps=4, **kw)
+out = recipes.train_eagle_on(target, CFG, steps=6, resume=True, **kw)     # resumed at step 4, on the same mesh
 print(json.dumps({{"devices": jax.device_count(), "loss": out["final_loss"]}}))
 """
 
 
-def test_training_is_data_parallel_over_several_devices(tmp_path, target):
-  """Two host devices: the batch splits over a data axis and the losses equal the one-device run's."""
+def test_training_is_data_parallel_over_a_mesh_and_resumes_on_it(tmp_path, target):
+  """The trainer's own loop on 8 host devices, a 2x4 mesh (batch over data, parameters over model by
+  sharding.RULES), checkpointed and resumed on that mesh: the losses equal the one-device run's."""
   data = make_store(tmp_path, target, n=8)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   res = {}
-  for n in (1, 2):
+  for n, mesh in ((1, None), (8, "2x4")):
     script = tmp_path / f"dp{n}.py"
-    script.write_text(DP_SCRIPT.format(root=root, data=str(data), run=str(tmp_path / f"run{n}")))
+    script.write_text(DP_SCRIPT.format(root=root, data=str(data), run=str(tmp_path / f"run{n}"), mesh=mesh))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     res[n] = json.loads(p.stdout.strip().splitlines()[-1])
     assert res[n]["devices"] == n
-  one, two = _losses(tmp_path / "run1"), _losses(tmp_path / "run2")
+    if mesh:
+      assert "resumed at step 4" in p.stderr
+  one, eight = _losses(tmp_path / "run1"), _losses(tmp_path / "run8")
+  assert sorted(one) == sorted(eight) == list(range(1, 7))
   for s in one:
-    assert abs(one[s] - two[s]) < 1e-5 * max(1.0, abs(one[s])), (s, one[s], two[s])
+    assert abs(one[s] - eight[s]) < 1e-5 * max(1.0, abs(one[s])), (s, one[s], eight[s])

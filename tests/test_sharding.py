@@ -104,6 +104,24 @@ def test_generate_cli_on_a_mesh_gives_the_single_device_tokens(tmp_path):
   assert outs["2x4"] == outs[None] and sum(map(len, outs[None])) > 0
   bad = subprocess.run(args + ["--mesh", "3x3"], capture_output=True, text=True, env=env, timeout=600)
   assert bad.returncode != 0 and "needs 9 devices, 8 are visible" in bad.stderr
+  bench = subprocess.run([sys.executable, "-m", "specjax.cli", "bench", "--model", path, "--prompts", str(prompts),
+                          "--batch-size", "4", "--max-new-tokens", "8", "--drafter", "ngram", "--k", "3",
+                          "--mesh", "2x4", "--json"], capture_output=True, text=True, env=env, timeout=600)
+  assert bench.returncode == 0, bench.stderr[-2000:]
+  res = json.loads(bench.stdout)
+  assert res["mesh"] == "2x4" and res["speedup_median"] > 0 and res["ar_tokens_per_s"] > 0
+
+
+def test_serving_on_a_mesh_gives_plain_greedy_tokens():
+  """The continuous-batching engine with its slots over "data" and KV heads over "model" (4x2)."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sharded_serving_child.py"))],
+                        capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout)
+  assert out["served"] == out["plain"] and sum(map(len, out["plain"])) > 0
+  assert set(out["ks"]) == {3}                       # every step speculated
+  assert out["cache_sharding"] == "P(None, 'data', None, 'model')"
 
 
 def test_bf16_speculative_greedy_equals_bf16_plain_greedy(tmp_path):

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, sampling
+from specjax import decode, sampling, sharding
 from specjax import speculative as spec
 from specjax.api import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
@@ -78,7 +78,7 @@ def admit(engine: spec.Engine, target_params, draft_params, state: spec.SpecStat
           prompt_len_1, max_new_1, key) -> spec.SpecState:
   """Prefill one request into ``slot`` of the running batch; the other slots are untouched."""
   S = state.seq_BxS.shape[1]
-  one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S), prompt_1xP, prompt_len_1,
+  one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S, state.cache.k.dtype), prompt_1xP, prompt_len_1,
                   max_new_1, key)
   return state.replace(
       cache=_insert(state.cache, one.cache, slot), draft=_insert(state.draft, one.draft, slot),
@@ -116,6 +116,10 @@ class ContinuousBatcher:
                **drafter_kwargs):
     from specjax import api
     self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
+    self.mesh = getattr(m, "mesh", None)    # a model on a mesh (``api.on_mesh``): every step runs sharded
+    if self.mesh is not None and jax.process_count() > 1:
+      raise SpecjaxError("serving over several processes is not supported (every process would have to step in "
+                         "lockstep with the one receiving requests): use --mesh over one host's devices")
     self.sp = sp or sampling.SamplingParams()
     self.eos_ids = tuple(m.tokenizer.eos_token_ids if eos_ids is None else eos_ids)
     buckets = sorted({int(b) for b in buckets} | {0})
@@ -155,9 +159,13 @@ class ContinuousBatcher:
     B, S = self.slots, self.max_len
     eng = self.engines[self.k_top]
     zeros = np.zeros((B, 1), np.int32)
-    st = spec.init_jit(eng, self.m.prefill_params, self.draft_params, init_cache(self.m.cfg, B, S),
-                       *jax.device_put((zeros, np.ones(B, np.int32), np.zeros(B, np.int32))),
-                       jax.random.PRNGKey(0))
+    cache = init_cache(self.m.cfg, B, S, self.m.dtype)
+    if self.mesh is not None:               # slots over "data", KV heads over "model"
+      cache = sharding.shard_cache(cache, self.mesh)
+    with sharding.use(self.mesh):
+      st = spec.init_jit(eng, self.m.prefill_params, self.draft_params, cache,
+                         *jax.device_put((zeros, np.ones(B, np.int32), np.zeros(B, np.int32))),
+                         jax.random.PRNGKey(0))
     return st
 
   def warmup(self, longest_prompt: int = 256) -> float:
@@ -175,8 +183,9 @@ class ContinuousBatcher:
         break
       n = min(prompt_bucket(n) + 1, longest)
     for k, eng in self.engines.items():   # a step of each bucket on an all-finished batch: compiles, no change
-      self.state = spec.step_jit(eng, self.m.exec_params, self.draft_params, self.state,
-                                 jax.device_put(np.zeros(self.slots, np.int32)))
+      with sharding.use(self.mesh):
+        self.state = spec.step_jit(eng, self.m.exec_params, self.draft_params, self.state,
+                                   jax.device_put(np.zeros(self.slots, np.int32)))
     jax.block_until_ready(self.state.seq_BxS)
     self.history.clear()
     return time.perf_counter() - t0
@@ -224,9 +233,10 @@ class ContinuousBatcher:
       arr, lens = pad_batch([r.prompt_ids], 1,          # padded to a prompt bucket: few prefill shapes
                             pad_to=min(prompt_bucket(len(r.prompt_ids)), self.max_len))
       self.key, sub = jax.random.split(self.key)
-      self.state = admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params, self.state,
-                         jnp.int32(slot), *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))),
-                         sub)
+      with sharding.use(self.mesh):
+        self.state = admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params, self.state,
+                           jnp.int32(slot), *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))),
+                           sub)
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
@@ -248,7 +258,8 @@ class ContinuousBatcher:
     now = self.clock()
     for slot, r in enumerate(self.running):
       if r is not None and r.cancelled:
-        self.state = _finish_slot(self.state, jnp.int32(slot))
+        with sharding.use(self.mesh):
+          self.state = _finish_slot(self.state, jnp.int32(slot))
         self._finish(r, now, "cancelled")
     self._admit_waiting(now)
     # The first token of each new request comes from its prefill.
@@ -260,8 +271,9 @@ class ContinuousBatcher:
     dec = self.policy.choose(obs)
     engine = self.engines[dec.k] if dec.k in self.engines else self.engines[self.k_top]
     t0 = time.perf_counter()
-    self.state = spec.step_jit(engine, self.m.exec_params, self.draft_params, self.state,
-                               jax.device_put(dec.k_B.astype(np.int32)))
+    with sharding.use(self.mesh):
+      self.state = spec.step_jit(engine, self.m.exec_params, self.draft_params, self.state,
+                                 jax.device_put(dec.k_B.astype(np.int32)))
     got = self._read_back(self.clock(), offered=dec.k_B, live=live)
     self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
                                    got, time.perf_counter() - t0))

@@ -111,9 +111,10 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   """Stage 2: a teacher-forced target pass over every stored sequence; arrays in ``features/``.
 
   Written to ``features.tmp/`` and renamed when complete, so an existing ``features/`` is always whole."""
-  from specjax import model as model_lib
+  from specjax import distributed, model as model_lib, sharding
   from specjax.kv_cache import init_cache
   data_dir = Path(data_dir)
+  mesh = getattr(m, "mesh", None)          # a sharded target: the pass runs over its mesh
   records = read_responses(data_dir / RESPONSES)
   if not records:
     raise SpecjaxError(f"no responses in {data_dir / RESPONSES}: run the generation stage first")
@@ -138,7 +139,7 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   @jax.jit
   def run(params, toks_BxT):
     B, T = toks_BxT.shape
-    cache = init_cache(cfg, B, T, jnp.float32)
+    cache = init_cache(cfg, B, T, m.params["embed"].dtype if hasattr(m, "params") else jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     out = model_lib.forward(params, cfg, toks_BxT, pos, cache, feature_layers=fused)
     lp, ids = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), top_k)
@@ -154,7 +155,9 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
       arr = np.zeros((batch_size, P), np.int32)
       for row, s in enumerate(idx):
         arr[row, :lens[s]] = seqs[s]
-      hid, feat, ids, lp = jax.device_get(run(m.prefill_params, jax.device_put(arr)))
+      with sharding.use(mesh):
+        out = run(m.prefill_params, jax.device_put(arr) if mesh is None else sharding.shard_batch(arr, mesh))
+      hid, feat, ids, lp = (distributed.to_host(x) for x in out)
       biggest = max(biggest, float(np.abs(feat).max()), float(np.abs(hid).max()))
       for row, s in enumerate(idx):
         a, b, n = offsets[s], offsets[s + 1], lens[s]

@@ -45,6 +45,15 @@ _INTERNAL = {"target_params", "cfg", "loss_of", "params0", "frozen", "store", "f
              "fit_kw", "model_name", "run_dir", "resume", "data_dir"}
 
 
+def _load_target(model: str, mesh: str | None):
+  from specjax import api
+  m = api.load(model)
+  if mesh is not None:
+    m = api.on_mesh(m, mesh)
+    _log(f"target sharded over a {mesh} (data x model) mesh")
+  return m
+
+
 def default_data_dir(model: str, num_prompts: int, max_new_tokens: int) -> Path:
   from specjax.cache_location import cache_dir
   safe = model.replace("/", "_")
@@ -73,13 +82,15 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
-                eval_positions: int = 5, **train_kw) -> dict:
+                eval_positions: int = 5, mesh: str | None = None, **train_kw) -> dict:
   """Train an EAGLE-style feature drafter for ``model``: data (once per data directory), training
   (``train_eagle_on``'s settings), export to RUN_DIR/drafter, held-out evaluation; returns a summary (also
   written to summary.json).
 
   ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
   middle / high).  The data directory defaults to the specjax cache (shared by every run on that data).
+  ``mesh`` ('DATAxMODEL'): the target (data generation, its feature pass) sharded over it, and training
+  data-parallel on it (``_fit``).
   """
   from specjax import api
   from specjax.checkpoints import drafter_io
@@ -90,14 +101,14 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   if run.exists() and any(run.iterdir()) and not resume:
     raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
   t0 = time.perf_counter()
-  m = api.load(model)
+  m = _load_target(model, mesh)
   fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
   ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
                gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
   data_s = time.perf_counter() - t0
   res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=run, resume=resume, features=features,
-                       fused_layers=fused, model_name=model, **train_kw)
+                       fused_layers=fused, model_name=model, mesh=m.mesh, **train_kw)
   ecfg, store = res["ecfg"], res["store"]
   params = jax.device_get(res["params"])
   out = drafter_io.save_drafter(run / "drafter", ecfg, params, target_name=model, tokenizer=m.tokenizer,
@@ -166,16 +177,20 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
           "store": store}
 
 
-def data_sharding(batch_size: int):
-  """With several devices, batches are split over a one-axis ("data") mesh and the parameters replicated:
-  jit's SPMD partitioner turns the step data-parallel (gradients all-reduced).  None on one device."""
-  n = jax.device_count()
-  if n == 1:
-    return None
-  if batch_size % n:
-    raise SpecjaxError(f"batch_size {batch_size} does not split over {n} devices: use a multiple of {n}")
+def data_sharding(batch_size: int, mesh=None):
+  """How a batch is placed: over the "data" axis of ``mesh`` (a (data, model) mesh: ``sharding.make_mesh``),
+  or with no mesh and several devices over a one-axis data mesh of all of them (parameters replicated).  jit's
+  SPMD partitioner turns the step data-parallel (gradients all-reduced).  None on one device, no mesh."""
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
-  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  if mesh is None:
+    n = jax.device_count()
+    if n == 1:
+      return None
+    mesh, axis = Mesh(np.asarray(jax.devices()), ("data",)), "data"
+  n = mesh.shape["data"]
+  if batch_size % n:
+    raise SpecjaxError(f"batch_size {batch_size} does not split over {n} devices of the data axis: use a "
+                       f"multiple of {n}")
   return NamedSharding(mesh, PartitionSpec("data"))
 
 
@@ -187,11 +202,21 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
          steps: int = 1000, batch_size: int = 4, seq_len: int = 512, learning_rate: float = 1e-3,
          warmup_steps: int = 50, weight_decay: float = 0.0, clip_norm: float = 1.0, seed: int = 0,
          checkpoint_every: int = 100, keep_checkpoints: int = 2, held_out: float = 0.02, log_every: int = 10,
-         progress: bool = True) -> dict:
+         progress: bool = True, mesh=None) -> dict:
   """The loop every drafter shares: ``loss_of(trainable, frozen, batch) -> (loss, metrics)`` in one jitted
-  step, AdamW with warm-up and cosine decay, orbax checkpoints in RUN_DIR/checkpoints, exact resume."""
+  step, AdamW with warm-up and cosine decay, orbax checkpoints in RUN_DIR/checkpoints, exact resume.
+
+  ``mesh`` ('DATAxMODEL' or a jax Mesh): batches over "data", the trainable and frozen parameters (and so
+  the optimizer state) placed by ``sharding.RULES`` over "model"; the same losses as one device."""
+  from specjax import sharding
   from specjax.training import eagle_train, loop, optim
   from specjax.training.checkpoint import Checkpointer
+
+  if isinstance(mesh, str):
+    mesh = sharding.make_mesh(mesh)
+  shard = data_sharding(batch_size, mesh)      # checks batch_size against the data axis first
+  if mesh is not None:
+    params0, frozen = sharding.shard_params(params0, mesh), sharding.shard_params(frozen, mesh)
 
   run = Path(run_dir)
   run.mkdir(parents=True, exist_ok=True)
@@ -203,12 +228,18 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
                             weight_decay=weight_decay, clip_norm=clip_norm)
   schedule = optim.make_schedule(learning_rate=learning_rate, total_steps=steps, warmup_steps=warmup_steps)
   state = loop.make_train_state(params0, tx.init(params0), jax.random.PRNGKey(seed))
+  if mesh is not None:   # the step count, the key and the like: replicated over the mesh
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state = jax.device_put(state, jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else rep, state))
   ckpt = Checkpointer(run / "checkpoints", every=checkpoint_every, keep=keep_checkpoints,
                       fingerprint={**fingerprint, "data": str(Path(store.dir).resolve())})
   if resume:
     restored = loop.resume(ckpt, jax.eval_shape(lambda: state), batcher, required=False)
     if restored is not None:
+      placed = jax.tree.map(lambda x: x.sharding, state)    # restored arrays go where fresh ones would
       state, start = restored
+      state = jax.device_put(state, placed)
       _log(f"resumed at step {start}")
 
   @partial(jax.jit, donate_argnums=0)
@@ -220,18 +251,19 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
     return {**state, "params": params, "opt_state": opt, "step": state["step"] + 1}, metrics
 
   last = {}
-  shard = data_sharding(batch_size)
 
   def step_fn(state, batch):
     if shard is not None:
       batch = jax.device_put(batch, shard)
-    state, metrics = _step(state, frozen, batch)
+    with sharding.use(mesh):                   # traced on the first call: native kernels step aside on a mesh
+      state, metrics = _step(state, frozen, batch)
     last["loss"] = metrics["loss"]
     return state, metrics
 
   settings = {**settings, "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
               "learning_rate": learning_rate, "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-              "clip_norm": clip_norm, "seed": seed, "held_out": held_out}
+              "clip_norm": clip_norm, "seed": seed, "held_out": held_out,
+              "mesh": None if mesh is None else "x".join(map(str, mesh.devices.shape))}
   t1 = time.perf_counter()
   state = loop.train(step_fn, state, batcher, total_steps=steps, run_dir=run, checkpointer=ckpt,
                      log_every=log_every, tokens_per_batch=batch_size * seq_len, progress=progress,
@@ -246,7 +278,7 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
                       data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
                       extra_prompts: Sequence[str] = (), gen_batch_size: int = 32,
                       layers: Sequence[int] = (0, 1, 2, 3), freeze_embeddings: bool = True, loss: str = "fkl",
-                      **fit_kw) -> dict:
+                      mesh: str | None = None, **fit_kw) -> dict:
   """Distil a small Llama draft model (the target's ``layers`` to start from, its embedding and head, frozen
   or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``."""
   from specjax import api
@@ -259,7 +291,7 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   run = Path(run_dir).expanduser()
   if run.exists() and any(run.iterdir()) and not resume:
     raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
-  m = api.load(model)
+  m = _load_target(model, mesh)
   layers = tuple(int(i) for i in layers)
   if not layers or any(not 0 <= i < m.cfg.num_layers for i in layers):
     raise SpecjaxError(f"layers {list(layers)}: give indices in [0, {m.cfg.num_layers})")
@@ -278,7 +310,7 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
                   freeze_embeddings=freeze_embeddings, loss=loss)
   res = _fit(loss_of, trainable, {**frozen, "head": head}, store, store.final, run_dir=run, resume=resume,
              fingerprint={"drafter": "model", "target": model, "layers": list(layers), "loss": loss,
-                          "freeze_embeddings": freeze_embeddings}, settings=settings, **fit_kw)
+                          "freeze_embeddings": freeze_embeddings}, settings=settings, mesh=m.mesh, **fit_kw)
   params = {**jax.device_get(res["params"]), **frozen}
   out = draft_model.export_hf(run / "drafter", dcfg, params, m.tokenizer,
                               training={**res["settings"], "train_s": res["train_s"]})
@@ -294,7 +326,7 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
 def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m",
                    data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
                    losses: Sequence[str] = ("ce", "fkl", "rkl", "jsd", "tvd"), eval_positions: int = 5,
-                   **train_kw) -> dict:
+                   mesh: str | None = None, **train_kw) -> dict:
   """The distillation losses side by side (DistillSpec): one feature drafter per loss, same data, steps and
   seed, each in RUN_DIR/<loss>; held-out 1 − TVD and greedy agreement per draft position, as a table
   (results.csv) and a plot (losses.png)."""
@@ -302,7 +334,7 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
   from specjax.training import evaluate
   _check_settings("distill_losses", train_kw, train_eagle_on, _fit)
   run = Path(run_dir).expanduser()
-  m = api.load(model)
+  m = _load_target(model, mesh)
   ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=(),
                gen_batch_size=32, seed=train_kw.get("seed", 0))
@@ -312,7 +344,7 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
     if sub.exists() and any(sub.iterdir()) and not resume:
       raise SpecjaxError(f"{sub} already exists: pass --resume to continue, or another --run-dir")
     res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=sub, resume=resume, model_name=model, loss=kind,
-                         **train_kw)
+                         mesh=m.mesh, **train_kw)
     ev = evaluate.tvd_by_position(m, res["ecfg"], {**jax.device_get(res["params"]), **res["frozen"]},
                                   res["store"], res["held_idx"], positions=eval_positions,
                                   seq_len=res["settings"]["seq_len"])
