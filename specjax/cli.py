@@ -238,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
   co.add_argument("--acceptance", type=float, nargs="+", default=[0.6],
                   help="per-position acceptance α_1 α_2 ... (the last repeats)")
   co.add_argument("--max-len", type=int, default=2048, help="KV slots per sequence for the bill")
-  co.add_argument("--memory-budget", type=float, default=None, help="GiB for weights + KV (default: the device's)")
+  co.add_argument("--memory-budget", type=float, default=None,
+                  help="GiB per device for weights + KV (default: the device's)")
+  co.add_argument("--mesh", default=None, help="DATAxMODEL: the target (and draft) sharded over that many "
+                                                "devices: per-device share + all-reduce communication per step")
   co.add_argument("--json", action="store_true")
 
   ss = sub.add_parser("serve-sim", help="the continuous-batching engine in process on a request trace (Poisson "
@@ -519,22 +522,25 @@ def cmd_cost(args) -> int:
   spec = calibrate.load_or_calibrate(args.device, log=_log)
   if args.k < 0:
     raise SpecjaxError(f"--k must be >= 0, got {args.k}")
-  budget = args.memory_budget * 2**30 if args.memory_budget else spec.memory_bytes
+  mesh = costmodel.MeshShape.of(args.mesh)
+  budget = (args.memory_budget * 2**30 if args.memory_budget else spec.memory_bytes) * mesh.devices
   rows = []
   for B in args.batch_size:
-    plain = costmodel.breakdown(spec, cfg, B, 1, args.context, args.dtype)
-    ver = costmodel.breakdown(spec, cfg, B, args.k + 1, args.context, args.dtype)
+    plain = costmodel.breakdown(spec, cfg, B, 1, args.context, args.dtype, mesh=mesh)
+    ver = costmodel.breakdown(spec, cfg, B, args.k + 1, args.context, args.dtype, mesh=mesh)
     rows.append({"batch": B, "plain_ms": plain["predicted_s"] * 1e3, "plain_bound": plain["bound"],
                  "verify_ms": ver["predicted_s"] * 1e3, "verify_bound": ver["bound"],
+                 **({"plain_comm_ms": plain["comm_s"] * 1e3, "verify_comm_ms": ver["comm_s"] * 1e3}
+                    if mesh.model > 1 else {}),
                  "tau": costmodel.expected_accepted(args.acceptance, args.k),
                  "predicted_speedup": costmodel.predicted_speedup(spec, cfg, args.acceptance, args.k, B,
-                                                                  args.context, args.dtype, dcfg)})
-  plain_bill = costmodel.kv_bill(cfg, args.max_len, 0, None, args.dtype)
-  spec_bill = costmodel.kv_bill(cfg, args.max_len, args.k, dcfg, args.dtype)
-  out = {"device": spec.to_dict(), "model": cfg.name, "k": args.k, "acceptance": args.acceptance,
-         "context": args.context, "rows": rows,
+                                                                  args.context, args.dtype, dcfg, mesh=mesh)})
+  plain_bill = costmodel.mesh_bill(costmodel.kv_bill(cfg, args.max_len, 0, None, args.dtype), mesh)
+  spec_bill = costmodel.mesh_bill(costmodel.kv_bill(cfg, args.max_len, args.k, dcfg, args.dtype), mesh)
+  out = {"device": spec.to_dict(), "model": cfg.name, "mesh": str(mesh), "k": args.k,
+         "acceptance": args.acceptance, "context": args.context, "rows": rows,
          "crossover_batch": costmodel.crossover_batch(spec, cfg, args.acceptance, args.k, args.batch_size,
-                                                      args.context, args.dtype, dcfg),
+                                                      args.context, args.dtype, dcfg, mesh=mesh),
          "memory_budget_bytes": budget, "max_len": args.max_len,
          "max_batch_plain": costmodel.max_batch(budget, plain_bill),
          "max_batch_speculative": costmodel.max_batch(budget, spec_bill),
@@ -542,8 +548,9 @@ def cmd_cost(args) -> int:
 
   def human(o):
     from specjax.report import print_table
-    print_table(o["rows"], title=f"{o['model']} on {spec.name}: k={o['k']}, context {o['context']}, "
-                                 f"α={o['acceptance']}")
+    print_table(o["rows"], title=f"{o['model']} on {spec.name}" + (f" × {o['mesh']} mesh" if o["mesh"] != "1x1"
+                                                                    else "") +
+                f": k={o['k']}, context {o['context']}, α={o['acceptance']}")
     print(f"speculation stops paying at batch {o['crossover_batch']}" if o["crossover_batch"] else
           "speculation pays at every batch size listed")
     print(f"memory budget {costmodel.fmt_bytes(budget)}, {o['max_len']} slots per sequence: max batch "

@@ -11,6 +11,17 @@ Below the ridge point (arithmetic intensity = FLOPs ÷ bytes < peak ÷ bandwidth
 time hardly moves with T, so verifying k drafts costs about one plain step and speculation pays.  Above it
 (large B·T) the step is compute-bound and each drafted row costs real time: speculation becomes a loss.
 
+On a (data, model) mesh (``MeshShape``; ``sharding.RULES`` splits heads and FFN columns over "model", the
+batch over "data") each device computes and reads its share: FLOPs ÷ (data · model) per device, weights ÷
+model, KV ÷ (data · model); and it communicates.  Per layer two all-reduces over the model axis (after the
+attention output and the MLP's down projection, each of the device's B/data · T rows × D values: a ring moves
+2(M − 1)/M of them) and one gather of the logits over the vocabulary:
+
+  comm   = (2L + 1) · link latency + bytes ÷ interconnect bandwidth    (added to the step, not overlapped)
+
+Communication grows with the rows a step computes, like compute, and its latency is paid once per step, like
+the floor: so the batch at which speculation stops paying moves with the mesh (``crossover_batch``).
+
 ``DeviceSpec`` holds a machine's numbers: published ones for common accelerators (``DEVICES``), or this
 machine's, measured by ``calibrate`` (a bandwidth probe, a matmul probe and the floor of a tiny model's step)
 and saved as JSON under the specjax cache.  ``predicted_speedup`` combines the cost with a drafter's
@@ -47,6 +58,7 @@ class DeviceSpec:
   overlap: float = 1.0             # how much compute hides behind memory traffic: 1 = perfectly (the roofline's
                                    # max; accelerators), 0 = not at all (a sum; CPU cores that both stream and
                                    # compute); ``calibrate`` measures it
+  link_latency_s: float = 0.0      # fixed cost of one collective over the interconnect
 
   def peak(self, dtype: str) -> float:
     if dtype not in self.peak_flops or not self.peak_flops[dtype]:
@@ -76,24 +88,29 @@ class DeviceSpec:
 
 T_ = 1e12
 G_ = 1e9
+# Small all-reduce latencies (not datasheet values): NCCL over NVLink within a node, ~10 µs for a few-KB
+# message; TPU ICI a few µs.
+_NVLINK_LATENCY = 10e-6
+_ICI_LATENCY = 5e-6
 # Published datasheet numbers (dense, no sparsity).  Floors are typical per-step launch overheads of a
 # jitted decode step on these devices (a few µs per layer), not datasheet values.
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
     DeviceSpec("h100-sxm", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
                3.35 * T_, 80 * G_, 450 * G_, 20e-6, 4e-6,
                "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 3.35 TB/s HBM3, "
-               "NVLink 900 GB/s bidirectional"),
+               "NVLink 900 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
     DeviceSpec("h200", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
                4.8 * T_, 141 * G_, 450 * G_, 20e-6, 4e-6,
                "NVIDIA H200 SXM datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 4.8 TB/s HBM3e, 141 GB, "
-               "NVLink 900 GB/s bidirectional"),
+               "NVLink 900 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
     DeviceSpec("a100-sxm-80gb", {"bfloat16": 312 * T_, "float16": 312 * T_, "float32": 19.5 * T_},
                2.039 * T_, 80 * G_, 300 * G_, 20e-6, 5e-6,
                "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e, "
-               "NVLink 600 GB/s bidirectional"),
+               "NVLink 600 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
     DeviceSpec("tpu-v5e", {"bfloat16": 197 * T_},
                0.819 * T_, 16 * G_, 200 * G_, 20e-6, 4e-6,
-               "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GB, ICI 1,600 Gbps"),
+               "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GB, ICI 1,600 Gbps",
+               link_latency_s=_ICI_LATENCY),
 )}
 
 
@@ -114,6 +131,67 @@ def load_spec(path) -> DeviceSpec:
     return DeviceSpec.from_dict(d["spec"] if "spec" in d else d)
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise SpecjaxError(f"cannot read the device calibration {path}: {e} — run `specjax calibrate` again") from e
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Meshes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """How many devices split a step: ``data`` (sequences) × ``model`` (heads, FFN columns, vocabulary)."""
+  data: int = 1
+  model: int = 1
+
+  @property
+  def devices(self) -> int:
+    return self.data * self.model
+
+  @classmethod
+  def of(cls, mesh) -> "MeshShape":
+    """None (one device), 'DATAxMODEL', (data, model), a MeshShape or a jax Mesh with axes data, model."""
+    if mesh is None:
+      return cls()
+    if isinstance(mesh, cls):
+      return mesh
+    if isinstance(mesh, str):
+      from specjax.sharding import parse_mesh
+      return cls(*parse_mesh(mesh))
+    if hasattr(mesh, "shape") and isinstance(mesh.shape, dict):
+      return cls(int(mesh.shape.get("data", 1)), int(mesh.shape.get("model", 1)))
+    data, model = mesh
+    return cls(int(data), int(model))
+
+  def __str__(self) -> str:
+    return f"{self.data}x{self.model}"
+
+
+def comm_per_step(cfg: ModelConfig, B: int, T: int, mesh: MeshShape, dtype_bytes: int = 4,
+                  head_rows: int | None = None) -> tuple[float, int]:
+  """(bytes each device sends over the interconnect, collectives) for one forward on ``mesh``: per layer two
+  ring all-reduces over the model axis of the device's B/data · T rows × D, and a gather of the fp32 logits
+  split over the vocabulary.  (0, 0) when the model axis is 1 (data parallelism alone needs no collective
+  in a forward)."""
+  M = mesh.model
+  if M <= 1:
+    return 0.0, 0
+  b_local = -(-B // mesh.data)
+  rows = b_local * T
+  head = b_local * T if head_rows is None else -(-head_rows // mesh.data)
+  ring = (M - 1) / M
+  per_layer = 2 * (2 * ring * rows * cfg.d_model * dtype_bytes)
+  logits = ring * head * cfg.vocab_size * 4
+  return cfg.num_layers * per_layer + logits, 2 * cfg.num_layers + 1
+
+
+def comm_time(spec: "DeviceSpec", cfg: ModelConfig, B: int, T: int, mesh: MeshShape, dtype: str = "float32") -> float:
+  nbytes, count = comm_per_step(cfg, B, T, mesh, DTYPE_BYTES[dtype])
+  if not count:
+    return 0.0
+  if not spec.interconnect_bandwidth:
+    raise SpecjaxError(f"device '{spec.name}' has no interconnect bandwidth, so a model axis of {mesh.model} "
+                       "cannot be priced: use a published spec (h100-sxm, h200, ...) or a mesh of 1 model device")
+  return count * spec.link_latency_s + nbytes / spec.interconnect_bandwidth
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,12 +260,17 @@ def step_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int =
 
 
 def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
-              kv_dtype: str | None = None, comm_bytes: float = 0.0) -> float:
-  """Predicted seconds for one forward: max(compute, memory) (+ the part that does not overlap) +
-  communication + floor."""
-  c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
-  comm = comm_bytes / spec.interconnect_bandwidth if comm_bytes and spec.interconnect_bandwidth else 0.0
-  return spec.combine(c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth) + comm + spec.floor(cfg.num_layers)
+              kv_dtype: str | None = None, mesh=None) -> float:
+  """Predicted seconds for one forward: max(compute, memory) (+ the part that does not overlap) + floor; on a
+  ``mesh`` (``MeshShape.of``) each device's share of both, plus the communication (``comm_time``)."""
+  ms = MeshShape.of(mesh)
+  b_local = -(-B // ms.data)
+  c = step_cost(cfg, b_local, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
+  M = ms.model
+  compute = c.flops / M / spec.peak(dtype)
+  memory = (c.weight_bytes + c.kv_read_bytes + c.kv_write_bytes) / M / spec.mem_bandwidth + (
+      c.other_bytes / spec.mem_bandwidth)
+  return spec.combine(compute, memory) + comm_time(spec, cfg, B, T, ms, dtype) + spec.floor(cfg.num_layers)
 
 
 def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], contexts_B: Sequence[int],
@@ -213,33 +296,48 @@ def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], 
 
 
 def rows_step_time(spec: DeviceSpec, cfg: ModelConfig, total_rows, contexts_B: Sequence[int],
-                   dtype: str = "float32"):
+                   dtype: str = "float32", mesh=None):
   """``ragged_step_time`` as a function of the total rows alone (vectorised over ``total_rows``), for a
   scheduler weighing many choices per iteration: the live sequences' contexts give the KV reads; each row
-  attends to the mean context (+ 1)."""
+  attends to the mean context (+ 1).  On a ``mesh`` each device's share (rows over data) plus the
+  communication, as in ``step_time``."""
   import numpy as np
+  ms = MeshShape.of(mesh)
   b = DTYPE_BYTES[dtype]
   L, D, V, H, K, E = (cfg.num_layers, cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
                       cfg.head_dim)
-  R = np.asarray(total_rows, float)
+  R = np.asarray(total_rows, float) / ms.data
   ctx = np.asarray(contexts_B, float)
   mean_ctx = float(ctx.mean()) if ctx.size else 0.0
   flops = L * (2.0 * R * layer_weight_count(cfg) + 4.0 * H * E * R * (mean_ctx + 1)) + 2.0 * R * D * V
   kv_slot = 2 * K * E * b
   weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
-  nbytes = weights + L * kv_slot * (float(ctx.sum()) + 2 * R) + R * (D * b + V * 4)
-  comp, mem = flops / spec.peak(dtype), nbytes / spec.mem_bandwidth
-  return np.maximum(comp, mem) + (1.0 - spec.overlap) * np.minimum(comp, mem) + spec.floor(L)
+  split = (weights + L * kv_slot * (float(ctx.sum()) / ms.data + 2 * R)) / ms.model
+  nbytes = split + R * (D * b + V * 4)
+  comp, mem = flops / ms.model / spec.peak(dtype), nbytes / spec.mem_bandwidth
+  comm = 0.0
+  if ms.model > 1:
+    if not spec.interconnect_bandwidth:
+      comm_time(spec, cfg, 1, 1, ms, dtype)            # raises the clear error
+    ring = (ms.model - 1) / ms.model
+    comm = (2 * L + 1) * spec.link_latency_s + ring * R * (4 * L * D * b + V * 4) / spec.interconnect_bandwidth
+  return np.maximum(comp, mem) + (1.0 - spec.overlap) * np.minimum(comp, mem) + comm + spec.floor(L)
 
 
-def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32") -> dict:
-  """The numbers behind ``step_time``, for tables and plots."""
-  c = step_cost(cfg, B, T, context, DTYPE_BYTES[dtype])
-  compute_s, memory_s = c.flops / spec.peak(dtype), c.bytes / spec.mem_bandwidth
-  return {"B": B, "T": T, "context": context, "flops": c.flops, "bytes": c.bytes,
-          "intensity": c.intensity, "ridge": spec.ridge(dtype), "compute_s": compute_s, "memory_s": memory_s,
-          "floor_s": spec.floor(cfg.num_layers), "bound": "compute" if compute_s > memory_s else "memory",
-          "predicted_s": step_time(spec, cfg, B, T, context, dtype)}
+def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
+              mesh=None) -> dict:
+  """The numbers behind ``step_time`` (per device on a ``mesh``), for tables and plots."""
+  ms = MeshShape.of(mesh)
+  c = step_cost(cfg, -(-B // ms.data), T, context, DTYPE_BYTES[dtype])
+  compute_s = c.flops / ms.model / spec.peak(dtype)
+  memory_s = ((c.weight_bytes + c.kv_read_bytes + c.kv_write_bytes) / ms.model + c.other_bytes) / spec.mem_bandwidth
+  comm_bytes, collectives = comm_per_step(cfg, B, T, ms, DTYPE_BYTES[dtype])
+  return {"B": B, "T": T, "context": context, "mesh": str(ms), "flops": c.flops / ms.model,
+          "bytes": c.bytes / ms.model, "intensity": c.intensity, "ridge": spec.ridge(dtype),
+          "compute_s": compute_s, "memory_s": memory_s, "comm_bytes": comm_bytes, "collectives": collectives,
+          "comm_s": comm_time(spec, cfg, B, T, ms, dtype), "floor_s": spec.floor(cfg.num_layers),
+          "bound": "compute" if compute_s > memory_s else "memory",
+          "predicted_s": step_time(spec, cfg, B, T, context, dtype, mesh=ms)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -261,7 +359,7 @@ def expected_accepted(acceptance_by_position: Sequence[float], k: int) -> float:
 
 
 def draft_time(spec: DeviceSpec, draft_cfg: ModelConfig | None, B: int, k: int, context: int,
-               dtype: str = "float32", per_draft_s: float | None = None) -> float:
+               dtype: str = "float32", per_draft_s: float | None = None, mesh=None) -> float:
   """The drafter's cost for a chain of k: a measured per-draft time if given, else k + 1 single-row forwards
   of the draft model (the root forward reads two tokens), or nothing for a free drafter (n-gram)."""
   if k <= 0:
@@ -270,33 +368,36 @@ def draft_time(spec: DeviceSpec, draft_cfg: ModelConfig | None, B: int, k: int, 
     return per_draft_s * k
   if draft_cfg is None:
     return 0.0
-  return step_time(spec, draft_cfg, B, 2, context, dtype) + (k - 1) * step_time(spec, draft_cfg, B, 1, context,
-                                                                                dtype)
+  return step_time(spec, draft_cfg, B, 2, context, dtype, mesh=mesh) + (k - 1) * step_time(
+      spec, draft_cfg, B, 1, context, dtype, mesh=mesh)
 
 
 def iteration_time(spec: DeviceSpec, cfg: ModelConfig, B: int, k: int, context: int, dtype: str = "float32",
-                   draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> float:
-  """One speculative iteration with a chain of k (k = 0: a plain step)."""
-  return step_time(spec, cfg, B, k + 1, context, dtype) + draft_time(spec, draft_cfg, B, k, context, dtype,
-                                                                      per_draft_s)
+                   draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None, mesh=None) -> float:
+  """One speculative iteration with a chain of k (k = 0: a plain step); target and draft on ``mesh``."""
+  return step_time(spec, cfg, B, k + 1, context, dtype, mesh=mesh) + draft_time(
+      spec, draft_cfg, B, k, context, dtype, per_draft_s, mesh=mesh)
 
 
 def predicted_speedup(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
                       B: int = 1, context: int = 256, dtype: str = "float32",
-                      draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> float:
+                      draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None,
+                      mesh=None) -> float:
   """Committed tokens per second with speculation ÷ without: τ(k) · t_plain ÷ t_iteration(k)."""
-  plain = step_time(spec, cfg, B, 1, context, dtype)
+  plain = step_time(spec, cfg, B, 1, context, dtype, mesh=mesh)
   return expected_accepted(acceptance_by_position, k) * plain / iteration_time(
-      spec, cfg, B, k, context, dtype, draft_cfg, per_draft_s)
+      spec, cfg, B, k, context, dtype, draft_cfg, per_draft_s, mesh=mesh)
 
 
 def crossover_batch(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
                     batches: Sequence[int], context: int = 256, dtype: str = "float32",
-                    draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None) -> int | None:
+                    draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None,
+                    mesh=None) -> int | None:
   """The smallest batch of ``batches`` at which speculation with k no longer pays (predicted speedup < 1);
-  None if it pays at every one."""
+  None if it pays at every one.  ``mesh``: the target (and draft) sharded over it."""
   for B in sorted(batches):
-    if predicted_speedup(spec, cfg, acceptance_by_position, k, B, context, dtype, draft_cfg, per_draft_s) < 1.0:
+    if predicted_speedup(spec, cfg, acceptance_by_position, k, B, context, dtype, draft_cfg, per_draft_s,
+                         mesh) < 1.0:
       return B
   return None
 
@@ -344,6 +445,14 @@ def kv_bill(cfg: ModelConfig, max_len: int, nodes: int = 0, draft_cfg: ModelConf
   workspace = rows * cfg.vocab_size * 4 * (2 if sampling and nodes else 1)
   weights = weight_bytes(cfg, b) + (weight_bytes(draft_cfg, b) if (draft_cfg is not None and nodes) else 0)
   return KVBill(target_kv, draft_kv, workspace, weights)
+
+
+def mesh_bill(bill: KVBill, mesh) -> KVBill:
+  """The bill summed over a mesh's devices: each data replica holds a whole copy of the weights (split over
+  its model devices); KV buffers and workspaces are split, not copied.  Compare with the per-device budget ×
+  devices."""
+  ms = MeshShape.of(mesh)
+  return dataclasses.replace(bill, weights=bill.weights * ms.data)
 
 
 def max_batch(budget_bytes: float, bill: KVBill) -> int:

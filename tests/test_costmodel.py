@@ -190,3 +190,59 @@ def test_rows_step_time_tracks_the_ragged_one():
     want = costmodel.ragged_step_time(spec, cfg, rows, ctx)
     got = costmodel.rows_step_time(spec, cfg, [sum(rows)], ctx)[0]
     assert got == pytest.approx(want, rel=0.02)
+
+
+LLAMA_8B_LIKE = config.SMOLLM2_135M.replace(name="llama-8b-like", num_layers=32, d_model=4096, num_heads=32,
+                                            num_kv_heads=8, head_dim=128, ffn_dim=14336, vocab_size=128256,
+                                            tie_embeddings=False)
+
+
+def test_communication_on_a_mesh_is_a_hand_count():
+  """Per layer two ring all-reduces of the device's rows × D over the model axis, plus the logits' gather."""
+  cfg, spec = config.TINY, costmodel.DEVICES["h200"]
+  mesh = costmodel.MeshShape(2, 4)                 # B = 4 over data 2: 2 sequences per device
+  nbytes, count = costmodel.comm_per_step(cfg, 4, 3, mesh, 2)
+  rows, ring = 2 * 3, 3 / 4
+  want = cfg.num_layers * 2 * (2 * ring * rows * cfg.d_model * 2) + ring * rows * cfg.vocab_size * 4
+  assert nbytes == pytest.approx(want) and count == 2 * cfg.num_layers + 1
+  assert costmodel.comm_time(spec, cfg, 4, 3, mesh, "bfloat16") == pytest.approx(
+      count * spec.link_latency_s + want / spec.interconnect_bandwidth)
+  # data parallelism alone: no collective in a forward, and each device prices its share of the batch
+  assert costmodel.comm_per_step(cfg, 8, 3, costmodel.MeshShape(8, 1)) == (0.0, 0)
+  assert costmodel.step_time(spec, cfg, 8, 3, 64, "bfloat16", mesh="8x1") == pytest.approx(
+      costmodel.step_time(spec, cfg, 1, 3, 64, "bfloat16"))
+  # the model axis splits compute and the weights and KV read, not the token rows
+  one = costmodel.breakdown(spec, LLAMA_8B_LIKE, 16, 5, 512, "bfloat16")
+  four = costmodel.breakdown(spec, LLAMA_8B_LIKE, 16, 5, 512, "bfloat16", mesh="1x4")
+  assert four["compute_s"] == pytest.approx(one["compute_s"] / 4)
+  assert four["memory_s"] < one["memory_s"] / 3.9 and four["comm_s"] > 0 == one["comm_s"]
+  assert four["predicted_s"] == pytest.approx(max(four["compute_s"], four["memory_s"]) + four["comm_s"]
+                                              + four["floor_s"])
+
+
+def test_the_crossover_moves_with_the_mesh():
+  spec, cfg = costmodel.DEVICES["h200"], LLAMA_8B_LIKE
+  batches = [2 ** i for i in range(12)]
+  cross = {m: costmodel.crossover_batch(spec, cfg, [0.7], 4, batches, 512, "bfloat16", mesh=m)
+           for m in ("1x1", "2x4", "8x1")}
+  assert cross["1x1"] is not None
+  # splitting sequences over data devices leaves each a smaller batch: speculation pays up to a larger one
+  assert cross["8x1"] is None or cross["8x1"] >= 4 * cross["1x1"]
+  assert cross["2x4"] > cross["1x1"]
+  # tensor parallelism's all-reduce bytes grow with the rows verified: at a large batch speculation pays less
+  tp = {m: costmodel.predicted_speedup(spec, config.SMOLLM2_135M, [0.7], 4, 512, 512, "bfloat16", mesh=m)
+        for m in ("1x1", "1x8")}
+  assert tp["1x8"] < tp["1x1"]
+  calibrated = costmodel.DeviceSpec("cpu", {"float32": 1e11}, 2e10, 1e10)     # no interconnect measured
+  with pytest.raises(SpecjaxError, match="no interconnect bandwidth"):
+    costmodel.step_time(calibrated, cfg, 1, 1, 16, mesh="1x2")
+
+
+def test_cost_command_on_a_mesh(capsys):
+  from specjax import cli
+  assert cli.main(["cost", "--device", "h200", "--dtype", "bfloat16", "--batch-size", "1", "64", "--mesh", "2x4",
+                   "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["mesh"] == "2x4" and all(r["verify_comm_ms"] > r["plain_comm_ms"] > 0 for r in out["rows"])
+  single_gib = costmodel.DEVICES["h200"].memory_bytes
+  assert out["memory_budget_bytes"] == pytest.approx(8 * single_gib)

@@ -17,9 +17,12 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   forwards of the draft model over every slot (a model or layer-skip drafter computes all slots), nothing
   for n-gram lookup."""
   cfg = m.cfg
+  mesh = costmodel.MeshShape.of(getattr(m, "mesh", None))   # a sharded model: per-device cost + communication
+  if mesh.model > 1 and not spec.interconnect_bandwidth:
+    mesh = costmodel.MeshShape(mesh.data, 1)      # a calibrated CPU spec has no interconnect: price the split alone
 
   def rows_s(total_rows, contexts):
-    return costmodel.rows_step_time(spec, cfg, total_rows, contexts)
+    return costmodel.rows_step_time(spec, cfg, total_rows, contexts, mesh=mesh)
 
   dcfg = None
   if drafter == "model" and draft is not None:
@@ -33,7 +36,7 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   def draft_s(k, batch):
     if dcfg is None or k <= 0:
       return 0.0
-    return k * costmodel.step_time(spec, dcfg, slots, 1, 256)
+    return k * costmodel.step_time(spec, dcfg, slots, 1, 256, mesh=mesh)
 
   return rows_s, draft_s
 
