@@ -12,9 +12,15 @@ def pick_prompts(prompts: str, categories=None, per_category: int | None = None,
 
 
 def setup(model: str, prompts: list[Prompt], batch_size: int, max_new_tokens: int, max_len: int,
-          dtype: str = "float32", draft: str | None = None, log=print):
+          dtype: str = "auto", draft: str | None = None, mesh: str | None = None, log=print):
+  """The target (and draft) loaded in ``dtype`` ("auto": bfloat16 on accelerators, float32 on the CPU) and,
+  with ``mesh`` ('DATAxMODEL'), sharded over that many devices; the prompts in batches."""
   m = api.load(model, dtype=dtype)
   d = api.load(draft, dtype=dtype) if draft else None
+  if mesh is not None:
+    m = api.on_mesh(m, mesh)
+    d = api.on_mesh(d, m.mesh) if d is not None else None
+    log(f"[experiment] sharded over a {mesh} (data x model) mesh")
   batches = bench.make_batches(m, prompts, batch_size, max_new_tokens, max_len)
   log(f"[experiment] {model}: {len(prompts)} prompts, batch {batch_size}, {max_new_tokens} new tokens")
   return m, d, batches

@@ -6,15 +6,16 @@ from experiments.common import pick_prompts, setup
 
 
 def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", categories=None,
-               per_category: int = 1, max_new_tokens: int = 64, max_len: int = 2048, dtype: str = "float32",
+               per_category: int = 1, max_new_tokens: int = 64, max_len: int = 2048, dtype: str = "auto",
                drafters=("ngram", "layerskip"), k: int = 4, ngram: int = 3, draft_layers=None,
                draft: str | None = None, ngram_caps=api.DEFAULT_NGRAM_CAPS, repeats: int = 1,
-               log=print) -> dict:
+               mesh: str | None = None, log=print) -> dict:
   """Greedy chat replies to ``per_category`` prompts of each category: plain decoding and each drafter on
   the same prompts in the same run, interleaved prompt by prompt (τ, α, speedup with its median and
-  interval); plus the replies themselves."""
+  interval); plus the replies themselves.  ``mesh`` ('DATAxMODEL'): everything sharded over that many
+  devices (docs/MULTI_DEVICE.md)."""
   chosen = pick_prompts(prompts, categories, per_category)
-  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, dtype=dtype, draft=draft, log=log)
+  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, dtype=dtype, draft=draft, mesh=mesh, log=log)
   eos = tuple(m.tokenizer.eos_token_ids)
   outputs, _ = api.generate(m, chosen, max_new_tokens=max_new_tokens, max_len=max_len)
   specs = [{"drafter": name, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps}
@@ -30,7 +31,8 @@ def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", ca
                  "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
                  "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"]})
   return {
-      "title": f"quickstart: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens, batch 1",
+      "title": f"quickstart: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens, batch 1"
+               + (f", {mesh} mesh" if mesh else ""),
       "rows": rows,
       "summary": {"ar_tokens_per_s": ar["ar_tokens_per_s"], "roofline_fraction": ar["roofline_fraction"],
                   "read_bandwidth_gbs": ar["read_bandwidth_gbs"]},

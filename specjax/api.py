@@ -101,10 +101,19 @@ def default_exec_params(params):
 _DTYPES = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
 
 
-def load(name_or_path: str, dtype: str = "float32") -> Model:
-  """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory."""
+def default_dtype(backend: str | None = None) -> str:
+  """What ``dtype="auto"`` means: bfloat16 on accelerators (GPU, TPU: their matmul units and bandwidth are
+  built for it), float32 on the CPU (where the native kernels are fp32)."""
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
+def load(name_or_path: str, dtype: str = "auto") -> Model:
+  """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory, with
+  weights (and so KV buffers and activations) in ``dtype``: float32, bfloat16 or auto (``default_dtype``)."""
+  if dtype == "auto":
+    dtype = default_dtype()
   if dtype not in _DTYPES:
-    raise SpecjaxError(f"unknown dtype '{dtype}': use one of {sorted(_DTYPES)}")
+    raise SpecjaxError(f"unknown dtype '{dtype}': use one of auto, {', '.join(sorted(_DTYPES))}")
   from specjax import compile_cache
   from specjax.kernels import native
   from specjax.checkpoints import resolve

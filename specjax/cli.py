@@ -41,7 +41,9 @@ def _json_default(o):
 def _add_model(p: argparse.ArgumentParser) -> None:
   p.add_argument("--model", default="smollm2-135m",
                  help="registry name, a .gguf file, or a Hugging Face safetensors directory")
-  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                 help="weights, KV buffers and activations (logits and softmax statistics stay fp32); auto: "
+                      "bfloat16 on GPU and TPU, float32 on the CPU")
   p.add_argument("--max-len", type=int, default=None,
                  help="KV cache positions per sequence (default: generate and bench size them to the longest "
                       "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
@@ -189,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("config", nargs="+", help="one or more .gin files")
   r.add_argument("--gin-binding", action="append", default=[], help="e.g. 'quickstart.max_new_tokens = 32'")
   r.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
+  from specjax import distributed
+  distributed.add_flags(r)     # a config whose experiment binds a mesh, run on several processes
   r.add_argument("--json", action="store_true")
 
   tr = sub.add_parser("train", help="train a drafter with a gin config (data, training, export, evaluation)")
@@ -202,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
   e = sub.add_parser("eval-draft", help="a trained drafter: 1 - TVD per position, measured acceptance under "
                                         "sampling, and greedy speedup against plain decoding")
   e.add_argument("--model", default="smollm2-135m")
-  e.add_argument("--dtype", default="float32")
+  e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
   e.add_argument("--drafter", default="eagle", choices=["eagle"])
   e.add_argument("--draft", required=True, help="the drafter's directory")
   e.add_argument("--prompts", default="specjax-prompts")
@@ -231,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
   co.add_argument("--device", default=None,
                   help="a published spec (h100-sxm, h200, a100-sxm-80gb, tpu-v5e) or a calibration JSON; "
                        "default: this machine, calibrated")
-  co.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  co.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                  help="auto: bfloat16 on a published accelerator spec, float32 on this machine's calibration")
   co.add_argument("--batch-size", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
   co.add_argument("--k", type=int, default=4)
   co.add_argument("--context", type=int, default=256)
@@ -304,8 +309,9 @@ def _load(args):
   from specjax import api, compile_cache
   if getattr(args, "no_compile_cache", False):
     compile_cache.enable(False)
-  _log(f"[specjax] loading {args.model} ({args.dtype})")
-  m = api.load(args.model, dtype=args.dtype)
+  dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
+  _log(f"[specjax] loading {args.model} ({dtype})")
+  m = api.load(args.model, dtype=dtype)
   _log(f"[specjax] loaded in {m.load_s:.1f}s")
   return m
 
@@ -520,6 +526,8 @@ def cmd_cost(args) -> int:
   cfg = _model_config(args.model)
   dcfg = _model_config(args.draft_model) if args.draft_model else None
   spec = calibrate.load_or_calibrate(args.device, log=_log)
+  if args.dtype == "auto":
+    args.dtype = "bfloat16" if args.device in costmodel.DEVICES else "float32"
   if args.k < 0:
     raise SpecjaxError(f"--k must be >= 0, got {args.k}")
   mesh = costmodel.MeshShape.of(args.mesh)

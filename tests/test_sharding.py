@@ -139,6 +139,9 @@ def test_bf16_speculative_greedy_equals_bf16_plain_greedy(tmp_path):
   for drafter, kw in (("ngram", {"k": 3}), ("layerskip", {"k": 2, "draft_layers": 1})):
     outs, stats = api.generate(m, prompts, max_new_tokens=16, batch_size=3, drafter=drafter, **kw)
     assert [o.token_ids for o in outs] == [o.token_ids for o in base], drafter
-  f32 = api.load(path)
+  f32 = api.load(path)                             # dtype "auto": float32 on the CPU, bfloat16 on accelerators
+  assert f32.dtype == jnp.float32
+  assert (api.default_dtype("cpu"), api.default_dtype("gpu"), api.default_dtype("tpu")) == (
+      "float32", "bfloat16", "bfloat16")
   text = "a b c a b c a b c hello the cat"
   assert abs(api.score(m, text).perplexity / api.score(f32, text).perplexity - 1) < 0.05

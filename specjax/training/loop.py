@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import distributed
 from specjax.errors import SpecjaxError
 from specjax.training.checkpoint import Checkpointer
 from specjax.training.jsonl import read_records
@@ -208,9 +209,10 @@ def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int,
   run_dir = Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   metrics_path = run_dir / METRICS
-  kept = _truncate_metrics(metrics_path, start)
+  main = distributed.is_main()        # several processes: one writes the metrics and the plot
+  kept = _truncate_metrics(metrics_path, start) if main else []
   elapsed0 = max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
-  writer = _MetricsWriter(metrics_path)
+  writer = _MetricsWriter(metrics_path if main else Path(os.devnull))
   t_start = time.perf_counter()
   mark_t, mark_step = t_start, start
   info = "loss ?"
@@ -256,11 +258,13 @@ def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int,
                                "step_fn must add 1 to train_state['step']")
           meta = {**(extra_meta or {}), DATA_KEY: batcher.position(), "elapsed_s": elapsed()}
           checkpointer.save(step, train_state, meta, force=last)
-          plot_losses(metrics_path, run_dir / LOSS_PLOT)
+          if main:
+            plot_losses(metrics_path, run_dir / LOSS_PLOT)
           mark_t, mark_step = time.perf_counter(), step
   finally:
     writer.close()
   if checkpointer is not None:
     checkpointer.wait_until_finished()
-  plot_losses(metrics_path, run_dir / LOSS_PLOT)
+  if main:
+    plot_losses(metrics_path, run_dir / LOSS_PLOT)
   return train_state
