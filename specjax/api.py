@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -308,6 +309,21 @@ def _shape_key(engine: spec.Engine) -> str:
   return key
 
 
+def _sharded_jits(mesh, batch_size: int):
+  """jit builders for the prefill and the decode loop on ``mesh`` with explicit out_shardings (from the
+  abstract output: ``sharding.state_shardings``); inputs carry theirs as ShapeDtypeStruct shardings."""
+  from specjax import sharding
+
+  def init_fn(out_abs):
+    return jax.jit(spec.init, static_argnames=("engine",), donate_argnames=("cache",),
+                   out_shardings=sharding.state_shardings(out_abs, mesh, batch_size))
+
+  def loop_fn(out_abs):
+    return jax.jit(spec.decode_loop, static_argnames=("engine",), donate_argnames=("state",),
+                   out_shardings=sharding.state_shardings(out_abs, mesh, batch_size))
+  return init_fn, loop_fn
+
+
 def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad: int, max_len: int,
                      draft_params=(), log=_log):
   """The two executables of a generation, each compiled once per shape that matters to it:
@@ -337,21 +353,28 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
   B = batch_size
   made = [k for k in (init_key, loop_key) if k not in m._compiled]
   with sharding.use(m.mesh):
-    init_traced = spec.init_jit.trace(engine, m.prefill_params, draft_params, cache, i32(B, prompt_pad),
-                                      i32(B), i32(B), jax.random.PRNGKey(0))
+    init_args = (m.prefill_params, draft_params, cache, i32(B, prompt_pad), i32(B), i32(B), jax.random.PRNGKey(0))
     todo = {}
-    if init_key not in m._compiled:
-      todo[init_key] = init_traced.lower()
-    state_info = init_traced.out_info
-    if m.mesh is not None and loop_key not in m._compiled:
-      # On a mesh the loop must take the state with the shardings the prefill gives it: compile that first.
-      if init_key in todo:
-        m._compiled[init_key] = todo.pop(init_key).compile()
-      state_info = jax.tree_util.tree_map(
-          lambda sds, sh: jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sh), init_traced.out_info,
-          m._compiled[init_key].output_shardings)
-    if loop_key not in m._compiled:   # the state's shapes come from the prefill's trace: no second trace
-      todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, state_info, i32(B))
+    if m.mesh is None:
+      init_traced = spec.init_jit.trace(engine, *init_args)
+      state_info = init_traced.out_info       # the state's shapes come from the prefill's trace
+      if init_key not in m._compiled:
+        todo[init_key] = init_traced.lower()
+      if loop_key not in m._compiled:
+        todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, state_info, i32(B))
+    else:
+      # On a mesh both executables get explicit shardings: the prefill's state out (KV over data and model,
+      # per-sequence arrays over data: sharding.state_shardings), the loop's state in and result out; the
+      # two then compile independently, like on one device.
+      init_fn, loop_fn = _sharded_jits(m.mesh, B)
+      state_abs = jax.eval_shape(functools.partial(spec.init, engine), *init_args)
+      state_info = sharding.with_shardings(state_abs, sharding.state_shardings(state_abs, m.mesh, B))
+      if init_key not in m._compiled:
+        todo[init_key] = init_fn(state_abs).lower(engine, *init_args)
+      if loop_key not in m._compiled:
+        loop_args = (m.exec_params, draft_params, state_info, i32(B))
+        res_abs = jax.eval_shape(functools.partial(spec.decode_loop, engine), *loop_args)
+        todo[loop_key] = loop_fn(res_abs).lower(engine, *loop_args)
   if not todo:
     pass
   elif len(todo) == 1:

@@ -309,6 +309,9 @@ def _load(args):
   from specjax import api, compile_cache
   if getattr(args, "no_compile_cache", False):
     compile_cache.enable(False)
+  if getattr(args, "mesh", None):          # a mesh that cannot be made fails before the weights load
+    from specjax import sharding
+    sharding.make_mesh(args.mesh)
   dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
   _log(f"[specjax] loading {args.model} ({dtype})")
   m = api.load(args.model, dtype=dtype)

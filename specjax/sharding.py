@@ -129,6 +129,27 @@ def batch_sharding(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, _fit(("data",) + (None,) * (len(shape) - 1), tuple(shape), mesh))
 
 
+def state_shardings(abstract_state, mesh: Mesh, batch_size: int):
+  """The placement of a decoding state or result (any pytree of arrays or ShapeDtypeStructs), by shape: a
+  KV buffer [L, B, S, K, E] by ``CACHE_SPEC``, any other array whose leading dimension is the batch over
+  "data", everything else (scalars, per-depth counters, the random key) replicated.  Used as the explicit
+  out_shardings of the prefill, the decode loop and the serving step, and as the loop's in_shardings."""
+  def one(x):
+    shape = tuple(x.shape)
+    if len(shape) == 5 and shape[1] == batch_size:
+      return NamedSharding(mesh, _fit(CACHE_SPEC, shape, mesh))
+    if shape and shape[0] == batch_size:
+      return batch_sharding(shape, mesh)
+    return NamedSharding(mesh, P())
+  return jax.tree_util.tree_map(one, abstract_state)
+
+
+def with_shardings(abstract, shardings):
+  """ShapeDtypeStructs of ``abstract`` carrying ``shardings`` (ahead-of-time lowering)."""
+  return jax.tree_util.tree_map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract,
+                                shardings)
+
+
 def shard_batch(x, mesh: Mesh):
   """A per-sequence array [B, ...] over the data axis (replicated where B does not divide)."""
   return jax.device_put(x, batch_sharding(np.shape(x), mesh))

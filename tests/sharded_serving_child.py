@@ -12,12 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specjax import api  # noqa: E402
 from specjax.serving import batcher as bt, factory  # noqa: E402
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf  # noqa: E402
+from tests.test_sharding import varied_tiny_gguf  # noqa: E402
 
 PROMPTS = ["hello world " * (i % 4 + 1) + str(i) for i in range(6)]
 
 with tempfile.TemporaryDirectory() as d:
-  m = api.load(str(write_gguf(Path(d) / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))))
+  m = api.load(varied_tiny_gguf(Path(d) / "tiny.gguf"))
 plain = [api.generate(m, [p], max_new_tokens=12)[0][0].token_ids for p in PROMPTS]
 eng = factory.make_batcher(api.on_mesh(m, "4x2"), drafter="ngram", policy="fixed", k=3, buckets=(0, 3),
                            slots=4, max_len=128)

@@ -20,17 +20,15 @@ def _free_port() -> int:
 
 
 def test_two_processes_decode_the_single_device_tokens(tmp_path):
-  from tests.test_checkpoints import CFG, random_hf_params, write_gguf
-  path = str(write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
+  from tests.test_sharding import _single_device_tokens, varied_tiny_gguf
+  path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nhello hello hello\nthe cat the cat\nx\n")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "SPECJAX_CACHE": str(tmp_path / "cache")}
   args = [sys.executable, "-m", "specjax.cli", "generate", "--model", path, "--prompts", str(prompts),
           "--batch-size", "4", "--max-new-tokens", "12", "--drafter", "ngram", "--k", "3", "--json"]
-  single = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
-  assert single.returncode == 0, single.stderr[-2000:]
-  want = [o["token_ids"] for o in json.loads(single.stdout)["outputs"]]
-  assert sum(map(len, want)) > 0
+  want = _single_device_tokens(path, prompts)
+  assert len({tuple(w) for w in want}) == 4
 
   port = _free_port()
   env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}

@@ -2,7 +2,7 @@
 
 ``ContinuousBatcher`` owns one ``SpecState`` of ``slots`` sequences (the KV buffers, allocated once) and one
 compiled engine per k bucket (all sharing that state's shapes: ``Engine.stats_nodes``).  Each ``step``:
-  1. admits queued requests into free slots: a B = 1 prefill written into the slot (``admit``), while the
+  1. admits queued requests into free slots: a B = 1 prefill written into the slot (``admit_slot``), while the
      other slots keep their caches;
   2. asks the policy for the bucket and each sequence's k (``policies``), from the slots' smoothed acceptance;
   3. runs one speculative (or plain, k = 0) iteration for every slot: finished and empty slots compute no
@@ -18,7 +18,7 @@ import collections
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -73,9 +73,8 @@ def _insert(big, small, slot):
   return jax.tree_util.tree_map(put, big, small)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(3,))
-def admit(engine: spec.Engine, target_params, draft_params, state: spec.SpecState, slot, prompt_1xP,
-          prompt_len_1, max_new_1, key) -> spec.SpecState:
+def admit_slot(engine: spec.Engine, target_params, draft_params, state: spec.SpecState, slot, prompt_1xP,
+               prompt_len_1, max_new_1, key) -> spec.SpecState:
   """Prefill one request into ``slot`` of the running batch; the other slots are untouched."""
   S = state.seq_BxS.shape[1]
   one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S, state.cache.k.dtype), prompt_1xP, prompt_len_1,
@@ -88,9 +87,31 @@ def admit(engine: spec.Engine, target_params, draft_params, state: spec.SpecStat
       starts_BxS=_insert(state.starts_BxS, one.starts_BxS, slot))
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
-def _finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
+def finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
   return state.replace(done_B=state.done_B.at[slot].set(True))
+
+
+class _Jits(NamedTuple):
+  """The batcher's compiled functions: on one device plain jits; on a mesh each with explicit out_shardings
+  (the state keeps the placement ``sharding.state_shardings`` gives it: slots over "data", KV heads over
+  "model"), the inputs placed likewise."""
+  init: Callable
+  step: Callable
+  admit: Callable
+  finish: Callable
+
+
+_SINGLE = _Jits(spec.init_jit, spec.step_jit,
+                jax.jit(admit_slot, static_argnums=(0,), donate_argnums=(3,)),
+                jax.jit(finish_slot, donate_argnames=("state",)))
+
+
+def _mesh_jits(state_sh) -> _Jits:
+  return _Jits(jax.jit(spec.init, static_argnames=("engine",), donate_argnames=("cache",), out_shardings=state_sh),
+               jax.jit(spec.spec_step, static_argnames=("engine",), donate_argnames=("state",),
+                       out_shardings=state_sh),
+               jax.jit(admit_slot, static_argnums=(0,), donate_argnums=(3,), out_shardings=state_sh),
+               jax.jit(finish_slot, donate_argnames=("state",), out_shardings=state_sh))
 
 
 @dataclasses.dataclass
@@ -160,13 +181,24 @@ class ContinuousBatcher:
     eng = self.engines[self.k_top]
     zeros = np.zeros((B, 1), np.int32)
     cache = init_cache(self.m.cfg, B, S, self.m.dtype)
-    if self.mesh is not None:               # slots over "data", KV heads over "model"
+    args = (zeros, np.ones(B, np.int32), np.zeros(B, np.int32))
+    if self.mesh is None:
+      self.jits = _SINGLE
+      args = jax.device_put(args)
+    else:                                   # slots over "data", KV heads over "model"
       cache = sharding.shard_cache(cache, self.mesh)
+      args = tuple(sharding.shard_batch(a, self.mesh) for a in args)
+      with sharding.use(self.mesh):
+        abstract = jax.eval_shape(functools.partial(spec.init, eng), self.m.prefill_params, self.draft_params,
+                                  cache, *args, jax.random.PRNGKey(0))
+      self.jits = _mesh_jits(sharding.state_shardings(abstract, self.mesh, B))
     with sharding.use(self.mesh):
-      st = spec.init_jit(eng, self.m.prefill_params, self.draft_params, cache,
-                         *jax.device_put((zeros, np.ones(B, np.int32), np.zeros(B, np.int32))),
-                         jax.random.PRNGKey(0))
+      st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0))
     return st
+
+  def _put(self, k_B):
+    """Each slot's k, placed like the slots."""
+    return jax.device_put(k_B) if self.mesh is None else sharding.shard_batch(k_B, self.mesh)
 
   def warmup(self, longest_prompt: int = 256) -> float:
     """Compile every bucket's step and the admission prefill of every prompt bucket up to ``longest_prompt``
@@ -184,8 +216,8 @@ class ContinuousBatcher:
       n = min(prompt_bucket(n) + 1, longest)
     for k, eng in self.engines.items():   # a step of each bucket on an all-finished batch: compiles, no change
       with sharding.use(self.mesh):
-        self.state = spec.step_jit(eng, self.m.exec_params, self.draft_params, self.state,
-                                   jax.device_put(np.zeros(self.slots, np.int32)))
+        self.state = self.jits.step(eng, self.m.exec_params, self.draft_params, self.state,
+                                    self._put(np.zeros(self.slots, np.int32)))
     jax.block_until_ready(self.state.seq_BxS)
     self.history.clear()
     return time.perf_counter() - t0
@@ -234,9 +266,9 @@ class ContinuousBatcher:
                             pad_to=min(prompt_bucket(len(r.prompt_ids)), self.max_len))
       self.key, sub = jax.random.split(self.key)
       with sharding.use(self.mesh):
-        self.state = admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params, self.state,
-                           jnp.int32(slot), *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))),
-                           sub)
+        self.state = self.jits.admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params,
+                                     self.state, jnp.int32(slot),
+                                     *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))), sub)
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
@@ -259,7 +291,7 @@ class ContinuousBatcher:
     for slot, r in enumerate(self.running):
       if r is not None and r.cancelled:
         with sharding.use(self.mesh):
-          self.state = _finish_slot(self.state, jnp.int32(slot))
+          self.state = self.jits.finish(self.state, jnp.int32(slot))
         self._finish(r, now, "cancelled")
     self._admit_waiting(now)
     # The first token of each new request comes from its prefill.
@@ -272,8 +304,8 @@ class ContinuousBatcher:
     engine = self.engines[dec.k] if dec.k in self.engines else self.engines[self.k_top]
     t0 = time.perf_counter()
     with sharding.use(self.mesh):
-      self.state = spec.step_jit(engine, self.m.exec_params, self.draft_params, self.state,
-                                 jax.device_put(dec.k_B.astype(np.int32)))
+      self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
+                                  self._put(dec.k_B.astype(np.int32)))
     got = self._read_back(self.clock(), offered=dec.k_B, live=live)
     self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
                                    got, time.perf_counter() - t0))
