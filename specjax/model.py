@@ -70,7 +70,10 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
   }
   if cfg.qkv_bias:
     layers["b_qkv"] = dense((L, (H + 2 * K) * E), 1) * 0.1
-  params = {"embed": dense((V, D), 1), "final_norm": jnp.ones((D,), dtype), "layers": layers}
+  # The embedding at std 1/sqrt(D), like the head it doubles as when tied: logits of order 1.  (At std 1 a
+  # tied head gives logits of order sqrt(D) and the token's own embedding dominates the residual stream, so
+  # a random model repeats one token whatever the prompt: useless for testing, greedy or sampled.)
+  params = {"embed": dense((V, D), D), "final_norm": jnp.ones((D,), dtype), "layers": layers}
   if not cfg.tie_embeddings:
     params["lm_head"] = dense((V, D), D)
   return params

