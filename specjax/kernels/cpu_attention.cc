@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "isa.h"
@@ -44,23 +45,41 @@ struct Args {
   float scale;
 };
 
-// Where one unit (the G query heads of kv head kh at new position t of sequence b) reads and writes.
+// Slots are taken kChunk at a time (flash decoding): one unit of work is the G query heads of kv head kh at
+// new position t of sequence b over one chunk of slots.  Each unit leaves partial results (per query head:
+// the unnormalised weighted sum of value rows, the largest score and the sum of exp(score - largest)); a
+// second pass combines a row's chunks.  So batch-1 decoding at a long context has many units for the
+// threads, each slot is read once, and a chunk's K and V stay in cache for the G heads that share them.
+// The chunks are fixed slot ranges, so a row's bits depend neither on the batch nor on the number of new
+// rows computed beside it (what keeps greedy speculative decoding token-exact).
+constexpr int64_t kChunk = 256;
+
+// The slots query t of sequence b may see: [0, ctx) committed, [ctx, last) the region up to its last
+// visible slot (nothing after it is read).
+inline std::pair<int64_t, int64_t> Span(const Args& a, int64_t b, int64_t t) {
+  const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const bool* m = a.mask + (b * a.T + t) * a.U;
+  int64_t span = a.U;
+  while (span > 0 && !m[span - 1]) --span;
+  return {ctx, std::min<int64_t>(ctx + span, a.S)};
+}
+
+// Where one unit reads and writes, in chunk coordinates: slot i of the view is slot j0 + i of the buffer.
 struct UnitView {
-  int64_t ctx, last;            // committed slots, and slots [0, last) that are candidates
+  int64_t ctx, last;            // committed slots of the chunk, and its slots [0, last)
   const float *kb, *vb, *qrow;  // key and value rows of this kv head (stride K*E), the first query row
-  const bool* m;                // visibility of the new slots
-  float* orow;                  // the first output row
+  const bool* m;                // visibility of the chunk's new slots: slot i >= ctx is visible if m[i - ctx]
+  float* part;                  // [G, E + 2] partial results
 };
 
-inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E) {
-  const int64_t KE = a.K * E, ctx = std::min<int64_t>(a.lengths[b], a.S);
-  const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E;
+inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E, int64_t j0, float* part) {
+  const int64_t KE = a.K * E;
+  const auto [ctx, last] = Span(a, b, t);
+  const int64_t n = std::max<int64_t>(std::min(j0 + kChunk, last) - j0, 0);
+  const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E + j0 * KE;
   const int64_t q_row = ((b * a.T + t) * a.H + kh * a.G) * E;
-  const bool* m = a.mask + (b * a.T + t) * a.U;
-  int64_t span = a.U;  // region slots up to the last visible one: nothing after it is read
-  while (span > 0 && !m[span - 1]) --span;
-  return {ctx, std::min<int64_t>(ctx + span, a.S), a.k + cache_row, a.v + cache_row, a.q + q_row, m,
-          a.out + q_row};
+  const bool* m = a.mask + (b * a.T + t) * a.U + std::max<int64_t>(j0 - ctx, 0);
+  return {std::max<int64_t>(ctx - j0, 0), n, a.k + cache_row, a.v + cache_row, a.q + q_row, m, part};
 }
 
 // e^f for |f| <= ln2 / 2 by its Taylor series to degree 6, Horner order (highest coefficient first); shared by
@@ -85,10 +104,11 @@ inline float ExpNonPositive(float x) {
   return p * two_n;
 }
 
-// One unit of work: the G query heads of kv head kh at new position t of sequence b.
-void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, S] */) {
+// One unit of work: the G query heads of kv head kh at new position t of sequence b, over the chunk of slots
+// starting at j0.
+void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part, float* scores /* [G, kChunk] */) {
   const int64_t E = a.E, G = a.G, KE = a.K * E;
-  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
+  const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
 
   // Scores, G query heads at a time per key row (the key row is loaded once for all of them).
   for (int64_t j = 0; j < last; ++j) {
@@ -98,18 +118,19 @@ void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, 
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t e = 0; e < E; ++e) s += qr[e] * kr[e];
-      scores[g * a.S + j] = s * a.scale;
+      scores[g * kChunk + j] = s * a.scale;
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    float* sg = scores + g * a.S;
+    float* sg = scores + g * kChunk;
     float mx = -INFINITY;
     for (int64_t j = 0; j < last; ++j) {
       const bool visible = j < ctx || m[j - ctx];
       if (!visible) sg[j] = -INFINITY;
       mx = std::max(mx, sg[j]);
     }
-    if (mx == -INFINITY) mx = 0.f;  // nothing visible: the row comes out zero
+    const bool none = mx == -INFINITY;  // nothing visible in this chunk: it contributes nothing
+    if (none) mx = 0.f;
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < last; ++j) {
@@ -119,17 +140,17 @@ void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores /* [G, 
     }
     for (int64_t j = ctx; j < last; ++j)  // exactly zero for masked new slots
       if (!m[j - ctx]) sum -= sg[j], sg[j] = 0.f;
-    const float inv = sum > 0.f ? 1.0f / sum : 0.f;
-#pragma omp simd
-    for (int64_t j = 0; j < last; ++j) sg[j] *= inv;
+    pb[g * (E + 2) + E] = none ? -INFINITY : mx;
+    pb[g * (E + 2) + E + 1] = none ? 0.f : sum;
   }
-  // Weighted sum of value rows, accumulated in the output rows (they stay in L1).
-  for (int64_t i = 0; i < G * E; ++i) orow[i] = 0.f;
+  // Weighted sum of value rows (unnormalised), accumulated in the partial rows (they stay in L1).
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t e = 0; e < E; ++e) pb[g * (E + 2) + e] = 0.f;
   for (int64_t j = 0; j < last; ++j) {
     const float* vr = vb + j * KE;
     for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * a.S + j];
-      float* o = orow + g * E;
+      const float p = scores[g * kChunk + j];
+      float* o = pb + g * (E + 2);
 #pragma omp simd
       for (int64_t e = 0; e < E; ++e) o[e] += p * vr[e];
     }
@@ -151,10 +172,11 @@ SPECJAX_TARGET_AVX512 inline __m512 Exp512(__m512 x) {
 // The same unit for head sizes E = 16 * EC: each query row is held in EC registers, key and value rows are
 // read in 16-float chunks (four key rows per pass), and the softmax runs 16 slots at a time.
 template <int EC>
-SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part,
+                                      float* scores) {
   constexpr int64_t E = EC * 16;
   const int64_t G = a.G, KE = a.K * E;
-  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
+  const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
     __m512 qv[EC];
@@ -188,7 +210,8 @@ SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int6
       mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, sg + j));
     }
     float mxs = _mm512_reduce_max_ps(mx);
-    if (mxs == -INFINITY) mxs = 0.f;
+    const bool none = mxs == -INFINITY;
+    if (none) mxs = 0.f;
     const __m512 mxv = _mm512_set1_ps(mxs);
     for (j = 0; j < last; j += 16) {
       const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
@@ -202,7 +225,6 @@ SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int6
       sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(k, sg + j));
     }
     const float total = _mm512_reduce_add_ps(sum);
-    const float inv = total > 0.f ? 1.0f / total : 0.f;
     // Weighted sum of value rows in EC registers.
     __m512 acc[EC];
     for (int c = 0; c < EC; ++c) acc[c] = _mm512_setzero_ps();
@@ -211,7 +233,10 @@ SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int6
       const float* vr = vb + j * KE;
       for (int c = 0; c < EC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
     }
-    for (int c = 0; c < EC; ++c) _mm512_storeu_ps(orow + g * E + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+    float* pg = pb + g * (E + 2);
+    for (int c = 0; c < EC; ++c) _mm512_storeu_ps(pg + 16 * c, acc[c]);
+    pg[E] = none ? -INFINITY : mxs;
+    pg[E + 1] = none ? 0.f : total;
   }
 }
 
@@ -242,10 +267,11 @@ SPECJAX_TARGET_AVX2 inline float Max256(__m256 v) {
 // The AVX2 unit for head sizes E = 8 * EC: as UnitAvx512 with 8-float chunks; the softmax's vector loops
 // stop at a multiple of 8 slots and finish the rest one at a time.
 template <int EC>
-SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part,
+                                   float* scores) {
   constexpr int64_t E = EC * 8;
   const int64_t G = a.G, KE = a.K * E;
-  const auto [ctx, last, kb, vb, qrow, m, orow] = View(a, b, kh, t, E);
+  const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
   const int64_t last8 = last & ~int64_t{7};
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
@@ -273,7 +299,8 @@ SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t 
     for (j = 0; j < last8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
     float mxs = Max256(mx);
     for (j = last8; j < last; ++j) mxs = std::max(mxs, sg[j]);
-    if (mxs == -INFINITY) mxs = 0.f;
+    const bool none = mxs == -INFINITY;
+    if (none) mxs = 0.f;
     const __m256 mxv = _mm256_set1_ps(mxs);
     __m256 sum = _mm256_setzero_ps();
     for (j = 0; j < last8; j += 8) {
@@ -288,7 +315,6 @@ SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t 
     }
     for (int64_t i = ctx; i < last; ++i)  // masked slots: exactly zero
       if (!m[i - ctx]) total -= sg[i], sg[i] = 0.f;
-    const float inv = total > 0.f ? 1.0f / total : 0.f;
     __m256 acc[EC];
     for (int c = 0; c < EC; ++c) acc[c] = _mm256_setzero_ps();
     for (j = 0; j < last; ++j) {
@@ -296,34 +322,65 @@ SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t 
       const float* vr = vb + j * KE;
       for (int c = 0; c < EC; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
     }
-    for (int c = 0; c < EC; ++c) _mm256_storeu_ps(orow + g * E + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+    float* pg = pb + g * (E + 2);
+    for (int c = 0; c < EC; ++c) _mm256_storeu_ps(pg + 8 * c, acc[c]);
+    pg[E] = none ? -INFINITY : mxs;
+    pg[E + 1] = none ? 0.f : total;
   }
 }
 #endif
 
-void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, float* scores) {
+void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part, float* scores) {
 #if SPECJAX_X86
   const int32_t isa = specjax::ActiveIsa();
   if (isa == specjax::kAvx512) {
     switch (a.E) {
-      case 16: return UnitAvx512<1>(a, b, kh, t, scores);
-      case 32: return UnitAvx512<2>(a, b, kh, t, scores);
-      case 64: return UnitAvx512<4>(a, b, kh, t, scores);
-      case 128: return UnitAvx512<8>(a, b, kh, t, scores);
+      case 16: return UnitAvx512<1>(a, b, kh, t, j0, part, scores);
+      case 32: return UnitAvx512<2>(a, b, kh, t, j0, part, scores);
+      case 64: return UnitAvx512<4>(a, b, kh, t, j0, part, scores);
+      case 128: return UnitAvx512<8>(a, b, kh, t, j0, part, scores);
       default: break;
     }
   } else if (isa == specjax::kAvx2) {
     switch (a.E) {
-      case 8: return UnitAvx2<1>(a, b, kh, t, scores);
-      case 16: return UnitAvx2<2>(a, b, kh, t, scores);
-      case 32: return UnitAvx2<4>(a, b, kh, t, scores);
-      case 64: return UnitAvx2<8>(a, b, kh, t, scores);
-      case 128: return UnitAvx2<16>(a, b, kh, t, scores);
+      case 8: return UnitAvx2<1>(a, b, kh, t, j0, part, scores);
+      case 16: return UnitAvx2<2>(a, b, kh, t, j0, part, scores);
+      case 32: return UnitAvx2<4>(a, b, kh, t, j0, part, scores);
+      case 64: return UnitAvx2<8>(a, b, kh, t, j0, part, scores);
+      case 128: return UnitAvx2<16>(a, b, kh, t, j0, part, scores);
       default: break;
     }
   }
 #endif
-  Unit(a, b, kh, t, scores);
+  Unit(a, b, kh, t, j0, part, scores);
+}
+
+// The second pass: a row's chunks combined, out = Σ_c e^(m_c - M) acc_c / Σ_c e^(m_c - M) sum_c (M the largest
+// m_c).  With one chunk this is acc · (1 / sum) exactly, as a single pass would compute it.
+void Combine(const Args& a, int64_t b, int64_t kh, int64_t t, const float* part /* [NC, G, E + 2] */) {
+  const int64_t E = a.E, G = a.G, PE = E + 2;
+  const int64_t nc = (Span(a, b, t).second + kChunk - 1) / kChunk;
+  float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
+  for (int64_t g = 0; g < G; ++g) {
+    float* o = orow + g * E;
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < nc; ++c) {
+      const float* pc = part + (c * G + g) * PE;
+      if (pc[E + 1] > 0.f) mx = std::max(mx, pc[E]);
+    }
+    for (int64_t e = 0; e < E; ++e) o[e] = 0.f;
+    if (mx == -INFINITY) continue;  // nothing visible: the row comes out zero
+    float den = 0.f;
+    for (int64_t c = 0; c < nc; ++c) {
+      const float* pc = part + (c * G + g) * PE;
+      if (!(pc[E + 1] > 0.f)) continue;
+      const float w = std::exp(pc[E] - mx);
+      den += w * pc[E + 1];
+      for (int64_t e = 0; e < E; ++e) o[e] += w * pc[e];
+    }
+    const float inv = den > 0.f ? 1.0f / den : 0.f;
+    for (int64_t e = 0; e < E; ++e) o[e] *= inv;
+  }
 }
 
 ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -368,13 +425,26 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   if (max_live == 0) return ffi::Error::Success();
   work *= a.H * a.E * 2;
   const bool parallel = work >= (int64_t{1} << 17);
-  const int64_t units = a.B * a.K * max_live;
-  specjax::ParallelFor(pool.num_threads(), units, parallel, [&a, &live, max_live](int64_t u) {
-    const int64_t t = u % max_live, kh = (u / max_live) % a.K, b = u / (max_live * a.K);
-    if (t >= live[b]) return;
+  const int64_t rows = a.B * a.K * max_live;           // (b, kv head, t), t fastest
+  const int64_t NC = (a.S + kChunk - 1) / kChunk;        // slot chunks per row
+  const int64_t row_floats = NC * a.G * (a.E + 2);
+  thread_local std::vector<float> partial;               // this call's [B, K, max_live, NC, G, E + 2]
+  partial.resize(static_cast<size_t>(rows * row_floats));
+  float* part = partial.data();
+  // Units in the order (b, t, chunk, kv head): threads taking consecutive units read neighbouring parts of
+  // the same cache rows [slot, K, E] at the same time.
+  specjax::ParallelFor(pool.num_threads(), rows * NC, parallel, [&a, &live, max_live, NC, part, row_floats](int64_t u) {
+    const int64_t kh = u % a.K, c = (u / a.K) % NC, w = u / (a.K * NC);
+    const int64_t t = w % max_live, b = w / max_live;
+    const int64_t r = (b * a.K + kh) * max_live + t;
+    if (t >= live[b] || c * kChunk >= Span(a, b, t).second) return;
     thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(a.G * a.S));
-    RunUnit(a, b, kh, t, scores.data());
+    scores.resize(static_cast<size_t>(a.G * kChunk));
+    RunUnit(a, b, kh, t, c * kChunk, part + r * row_floats + c * a.G * (a.E + 2), scores.data());
+  });
+  specjax::ParallelFor(pool.num_threads(), rows, parallel, [&a, &live, max_live, part, row_floats](int64_t r) {
+    const int64_t t = r % max_live, kh = (r / max_live) % a.K, b = r / (max_live * a.K);
+    if (t < live[b]) Combine(a, b, kh, t, part + r * row_floats);
   });
   return ffi::Error::Success();
 }
