@@ -28,7 +28,7 @@ PROMPTS = np.zeros((B, 12), np.int32)
 for b in range(B):   # repeated patterns, so that n-gram lookup finds drafts
   pat = rng.integers(3, CFG.vocab_size, 3)
   PROMPTS[b, :LENS[b]] = np.resize(pat, LENS[b])
-MAX_NEW = rng.integers(8, 20, B).astype(np.int32)
+MAX_NEW = rng.integers(6, 14, B).astype(np.int32)
 
 
 def run(params, dparams, drafter, shape, sp, mesh, hlo=None):

@@ -93,7 +93,7 @@ def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm, tmp_path
   acc.write_text(json_lib.dumps({"acceptance_vector": [0.5, 0.15, 0.08, 0.05]}))
   paths = tmp_path / "paths.json"
   paths.write_text(json_lib.dumps([[0], [1], [0, 0], [0, 1], [0, 0, 0], [1, 0]]))
-  kw = dict(max_new_tokens=24, batch_size=20)
+  kw = dict(max_new_tokens=16, batch_size=20)
   base = [o.token_ids for o in specjax.generate(smollm, prompts, **kw)[0]]
   runs = [("ngram", t) for t in ("chain:4", "branch:3,2,1", f"paths:{paths}", "sequoia:8:4", "dynamic:8:2")]
   runs += [("layerskip", "sequoia:6:3"), ("layerskip", "dynamic:6:2")]

@@ -28,7 +28,7 @@ def test_every_mesh_decodes_the_single_device_tokens(child):
   assert set(child["results"]) == {"plain/greedy", "ngram-chain/greedy", "model-tree/greedy",
                                    "model-chain/sampled", "pallas-tree/greedy"}
   for setting, row in child["results"].items():
-    assert len({t for seq in row["single"] for t in seq}) > 16, setting     # replies that move
+    assert len({t for seq in row["single"] for t in seq}) > 10, setting     # replies that move
     for mesh in set(row) - {"single"}:
       assert row[mesh] == row["single"], (setting, mesh)
   # speculative greedy decoding is plain greedy decoding, on every mesh
