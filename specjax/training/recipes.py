@@ -181,12 +181,12 @@ def data_sharding(batch_size: int, mesh=None):
   """How a batch is placed: over the "data" axis of ``mesh`` (a (data, model) mesh: ``sharding.make_mesh``),
   or with no mesh and several devices over a one-axis data mesh of all of them (parameters replicated).  jit's
   SPMD partitioner turns the step data-parallel (gradients all-reduced).  None on one device, no mesh."""
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  from jax.sharding import NamedSharding, PartitionSpec
+  from specjax import sharding
   if mesh is None:
-    n = jax.device_count()
-    if n == 1:
+    if jax.device_count() == 1:
       return None
-    mesh, axis = Mesh(np.asarray(jax.devices()), ("data",)), "data"
+    mesh = sharding.make_mesh((jax.device_count(), 1))     # all devices on "data", the model whole
   n = mesh.shape["data"]
   if batch_size % n:
     raise SpecjaxError(f"batch_size {batch_size} does not split over {n} devices of the data axis: use a "
