@@ -4,6 +4,9 @@ a dynamic tree of N draft nodes, each against plain decoding on the same prompts
 Reports τ (mean accepted length), the measured verify cost with all N+1 rows live, the speedup, and for static
 trees the τ the Sequoia model predicts from the acceptance vector (measured first, on the same prompts, by
 the code of ``specjax acceptance-vector``; written into the run directory as ``acceptance_vector.json``).
+With ``acceptance_depths`` > 1 the measurement is a depth-conditioned table (``tree_shapes`` module doc):
+shape ``sequoia`` is then optimal for the table and ``sequoia_flat`` for its first row alone (the
+position-independent model of the Sequoia paper), so the two can be compared.
 The hardware-aware Sequoia choice N* (``tree_shapes.choose_budget``: predicted τ over the measured cost of a
 step, draft + verify at N+1 rows) is reported next to the best measured N.
 """
@@ -14,7 +17,7 @@ from specjax.errors import SpecjaxError
 from specjax.speculative import tree_shapes as shapes_lib
 from experiments.common import pick_prompts, setup
 
-SHAPES = ("chain", "branch", "sequoia", "dynamic")
+SHAPES = ("chain", "branch", "sequoia", "sequoia_flat", "dynamic")
 
 
 def branch_widths(n: int) -> tuple[int, ...]:
@@ -30,7 +33,7 @@ def tree_spec(shape: str, n: int, sequoia_depth: int | None = None, dynamic_top_
     return f"chain:{n}"
   if shape == "branch":
     return "branch:" + ",".join(map(str, branch_widths(n)))
-  if shape == "sequoia":
+  if shape in ("sequoia", "sequoia_flat"):
     return f"sequoia:{n}" + (f":{sequoia_depth}" if sequoia_depth else "")
   if shape == "dynamic":
     return f"dynamic:{n}:{dynamic_top_k}"
@@ -76,7 +79,7 @@ def tree_shapes(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
                 per_category: int | None = None, limit: int | None = None, budgets=(2, 4, 8, 16, 32),
                 shapes=SHAPES, drafter: str = "ngram", ngram: int = 3, ngram_caps=api.DEFAULT_NGRAM_CAPS,
                 draft_layers=None, draft: str | None = None, max_new_tokens: int = 64, max_len: int = 2048,
-                ranks: int = 8, sequoia_depth: int | None = None, dynamic_top_k: int = 4, repeats: int = 1,
+                ranks: int = 8, acceptance_depths: int = 1, sequoia_depth: int | None = None, dynamic_top_k: int = 4, repeats: int = 1,
                 log=print) -> dict:
   shapes, budgets = tuple(shapes), tuple(budgets)
   _check(shapes, budgets, drafter)
@@ -87,17 +90,21 @@ def tree_shapes(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
   eos = tuple(m.tokenizer.eos_token_ids)
   drafter_kw = {"drafter": drafter, "ngram": ngram, "ngram_caps": ngram_caps, "draft_layers": draft_layers}
   measured = None
-  if "sequoia" in shapes:
-    log(f"[tree_shapes] measuring the acceptance vector (branch:{ranks}) on the same prompts")
-    measured = api.acceptance_vector(m, chosen, ranks=ranks, max_new_tokens=max_new_tokens, max_len=max_len,
-                                     draft=d, **drafter_kw)
-    log("[tree_shapes] acceptance vector: " + " ".join(f"{a:.3f}" for a in measured["acceptance_vector"]))
-  acc = measured["acceptance_vector"] if measured else None
+  if {"sequoia", "sequoia_flat"} & set(shapes):
+    log(f"[tree_shapes] measuring the acceptance vector ({ranks} ranks, {acceptance_depths} depth(s)) on the "
+        "same prompts")
+    measured = api.acceptance_vector(m, chosen, ranks=ranks, depths=acceptance_depths,
+                                     max_new_tokens=max_new_tokens, max_len=max_len, draft=d, **drafter_kw)
+    for i, row in enumerate(measured.get("acceptance_table", [measured["acceptance_vector"]])):
+      log(f"[tree_shapes] acceptance vector, depth {i + 1}: " + " ".join(f"{a:.3f}" for a in row))
+  acc = measured.get("acceptance_table", measured["acceptance_vector"]) if measured else None
+  # Every static tree gets the table (for predicted τ); sequoia_flat is built from the depth-1 row alone.
+  acc_by_shape = {"dynamic": None, "sequoia_flat": measured["acceptance_vector"] if measured else None}
   bandwidth = bench.measure_read_bandwidth()        # once: only the roofline uses it
   rows = []
   for n in budgets:
     trees = [(s, tree_spec(s, n, sequoia_depth, dynamic_top_k)) for s in shapes]
-    specs = [{**drafter_kw, "tree": t, "acceptance": None if s == "dynamic" else acc} for s, t in trees]
+    specs = [{**drafter_kw, "tree": t, "acceptance": acc_by_shape.get(s, acc)} for s, t in trees]
     log(f"[tree_shapes] N = {n}: {', '.join(t for _, t in trees)}, interleaved with plain decoding")
     ar, results = bench.compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                                 draft=d, repeats=repeats, bandwidth=bandwidth, log=log)

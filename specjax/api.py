@@ -409,7 +409,7 @@ class TreeChoice:
   """A ``--tree`` spec resolved: the parsed spec, the engine's shape and the acceptance vector (if given)."""
   spec: tree_shapes.TreeSpec
   shape: Any                               # StaticTree | DynamicShape
-  acc: tuple[float, ...] | None = None
+  acc: tuple | None = None                 # a vector, or a per-depth table of them
 
   @property
   def label(self) -> str:
@@ -420,13 +420,14 @@ class TreeChoice:
     return self.shape.num_nodes
 
 
-def load_acceptance(acceptance) -> tuple[float, ...] | None:
-  """An acceptance vector from a file written by ``specjax acceptance-vector`` or from a list of numbers."""
+def load_acceptance(acceptance):
+  """An acceptance vector (or depth-conditioned table) from a file written by ``specjax acceptance-vector``,
+  or from a list of numbers (or of per-depth lists); None passes through."""
   if acceptance is None:
     return None
   if isinstance(acceptance, (str, os.PathLike)):
     return tree_shapes.load_acceptance_vector(acceptance)
-  return tuple(float(a) for a in tree_shapes.validate_acceptance(acceptance))
+  return tree_shapes.acceptance_tuple(acceptance)
 
 
 def resolve_tree(tree, acceptance=None, *, drafter: str = "ngram",
@@ -602,30 +603,54 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   return outputs, stats
 
 
+def acceptance_tree(ranks: int, depths: int = 1) -> tree_shapes.StaticTree:
+  """The measuring tree: the drafter's ``ranks`` best choices under the root and, for ``depths`` > 1, under
+  each node of its best-guess path down to depth ``depths`` (``ranks`` x ``depths`` nodes)."""
+  return tree_shapes.from_paths([(0,) * d + (r,) for d in range(depths) for r in range(ranks)])
+
+
 def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str = "ngram", ranks: int = 8,
-                      max_new_tokens: int = 64, max_len: int = DEFAULT_MAX_LEN, batch_size: int = 1,
-                      ngram: int = 3, draft_layers=None, draft: Model | None = None,
+                      depths: int = 1, max_new_tokens: int = 64, max_len: int = DEFAULT_MAX_LEN,
+                      batch_size: int = 1, ngram: int = 3, draft_layers=None, draft: Model | None = None,
                       ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, progress: bool = False) -> dict:
   """The per-rank acceptance vector of a target/drafter pair, measured by greedy speculative decoding with
-  the star tree ``branch:R`` (the drafter's R best choices under the root): ``acc[r]`` is the fraction of
-  live iterations in which the target's token was the drafter's r-th choice.  Returns the JSON that
-  ``tree_shapes.load_acceptance_vector`` reads back."""
+  ``acceptance_tree(ranks, depths)``: ``acc[r]`` is the fraction of live iterations in which the target's
+  token was the drafter's r-th choice.  With ``depths`` > 1 the result also has ``acceptance_table``: row d
+  is the same vector at depth d + 1, counted over the iterations whose best-guess path was accepted down to
+  depth d (a row never reached repeats the one above).  Returns the JSON that
+  ``tree_shapes.load_acceptance_vector`` reads back (it prefers the table)."""
   if drafter == "none":
     raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
   if ranks < 1:
     raise SpecjaxError(f"--ranks must be >= 1, got {ranks}")
+  if depths < 1:
+    raise SpecjaxError(f"--depths must be >= 1, got {depths}")
+  tree = acceptance_tree(ranks, depths)
+  label = f"branch:{ranks}" if depths == 1 else f"star of {ranks} at each of {depths} depths"
+  spec_ = tree_shapes.TreeSpec("paths", path=f"<{label}>", tree=tree)
   _, stats = generate(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, batch_size=batch_size,
                       drafter=drafter, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                      ngram_caps=ngram_caps, tree=f"branch:{ranks}", progress=progress)
-  counts_R1 = stats["node_accepted"]
-  live = counts_R1[0]
+                      ngram_caps=ngram_caps, tree=spec_, progress=progress)
+  counts_N1 = np.asarray(stats["node_accepted"], dtype=np.float64)
+  live = counts_N1[0]
   if live == 0:
     raise SpecjaxError("no speculative iteration ran (every reply ended at its first token): use more prompts "
                        "or a larger --max-new-tokens")
-  out = {"acceptance_vector": [c / live for c in counts_R1[1:]], "model": m.source, "drafter": drafter,
-         "ranks": ranks, "iterations": int(live), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-         "new_tokens": stats["new_tokens"], "mean_accepted_length": stats["mean_accepted_length"],
-         "machine": machine.describe()}
+  table, reached = [], []
+  for d in range(depths):
+    below = live if d == 0 else counts_N1[1 + (d - 1) * ranks]     # the best-guess node at depth d
+    if below == 0:
+      break
+    table.append([float(c / below) for c in counts_N1[1 + d * ranks: 1 + (d + 1) * ranks]])
+    reached.append(int(below))
+  table += [table[-1]] * (depths - len(table))
+  out = {"acceptance_vector": table[0], "model": m.source, "drafter": drafter,
+         "ranks": ranks, "depths": depths, "iterations": int(live), "prompts": len(prompts),
+         "max_new_tokens": max_new_tokens, "new_tokens": stats["new_tokens"],
+         "mean_accepted_length": stats["mean_accepted_length"], "machine": machine.describe()}
+  if depths > 1:
+    out["acceptance_table"] = table
+    out["iterations_by_depth"] = reached
   out.update(_drafter_settings(m, drafter, ngram, draft_layers, draft, ngram_caps))
   return out
 

@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
   a.add_argument("--limit", type=int, help="use only the first N prompts")
   a.add_argument("--ranks", type=int, default=8, help="drafter choices measured per step (default 8)")
+  a.add_argument("--depths", type=int, default=1,
+                 help="also measure the vector at depths 2..D along the best-guess path (a depth-conditioned "
+                      "table that --tree sequoia:N then uses; default 1: the position-independent vector)")
   a.add_argument("--max-new-tokens", type=int, default=64)
   a.add_argument("--batch-size", type=int, default=1)
   _add_drafter(a, trees=False, default="ngram")
@@ -471,7 +474,9 @@ def cmd_acceptance_vector(args) -> int:
     raise SpecjaxError(f"--ranks must be >= 1, got {args.ranks}")
   prompts = load_prompts(args.prompts, args.category, args.limit)
   m = _load(args)
-  res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks,
+  if args.depths < 1:
+    raise SpecjaxError(f"--depths must be >= 1, got {args.depths}")
+  res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks, depths=args.depths,
                               max_new_tokens=args.max_new_tokens, max_len=_max_len(args),
                               batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,
                               draft=_load_draft(args), ngram_caps=_ngram_caps(args.ngram_caps), progress=True)
@@ -483,7 +488,9 @@ def cmd_acceptance_vector(args) -> int:
   def human(r):
     print(f"acceptance vector of {r['drafter']} on {r['model']} over {r['iterations']} iterations "
           f"({r['prompts']} prompts):")
-    print(" ".join(f"{a:.3f}" for a in r["acceptance_vector"]))
+    for d, row in enumerate(r.get("acceptance_table", [r["acceptance_vector"]])):
+      label = f"depth {d + 1}: " if "acceptance_table" in r else ""
+      print(label + " ".join(f"{a:.3f}" for a in row))
   _emit(res, args.json, human)
   return 0
 

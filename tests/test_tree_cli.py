@@ -83,14 +83,17 @@ def test_generate_tree_gives_plain_greedy_tokens(tiny_model, prompts, plain):
 def test_acceptance_vector_file_feeds_a_sequoia_tree(tiny_model, prompts, plain, tmp_path):
   out = tmp_path / "acc.json"
   proc = specjax("acceptance-vector", "--model", tiny_model, "--drafter", "ngram", "--prompts", prompts,
-                 "--ranks", "3", "--max-new-tokens", "16", "--max-len", "128", "--out", str(out), "--json")
+                 "--ranks", "3", "--depths", "2", "--max-new-tokens", "16", "--max-len", "128", "--out", str(out),
+                 "--json")
   assert proc.returncode == 0, proc.stderr
   obj = json.loads(proc.stdout)
   assert json.loads(out.read_text()) == obj
-  for key in ("model", "drafter", "ranks", "iterations", "prompts", "machine"):
+  for key in ("model", "drafter", "ranks", "iterations", "prompts", "machine", "iterations_by_depth"):
     assert key in obj, key
-  acc = load_acceptance_vector(out)
-  assert len(acc) == obj["ranks"] == 3 and sum(acc) <= 1 and obj["iterations"] > 0 and obj["prompts"] == 2
+  acc = load_acceptance_vector(out)              # the depth table, preferred over the depth-1 vector
+  assert len(acc) == obj["depths"] == 2 and list(acc[0]) == obj["acceptance_vector"]
+  assert all(len(row) == obj["ranks"] == 3 and sum(row) <= 1 for row in acc)
+  assert obj["iterations"] == obj["iterations_by_depth"][0] > 0 and obj["prompts"] == 2
   seq = generate(tiny_model, prompts, "--drafter", "ngram", "--tree", "sequoia:4", "--acceptance", str(out))
   assert token_ids(seq) == token_ids(plain)
   st = seq["stats"]
@@ -120,8 +123,8 @@ def test_tree_shapes_experiment(tiny_model, prompts, tmp_path):
   assert proc.returncode == 0, proc.stderr
   obj = json.loads(proc.stdout)
   rows = obj["rows"]
-  assert [(r["shape"], r["nodes"]) for r in rows] == [(s, n) for n in (2, 4)
-                                                      for s in ("chain", "branch", "sequoia", "dynamic")]
+  shapes = ("chain", "branch", "sequoia", "sequoia_flat", "dynamic")
+  assert [(r["shape"], r["nodes"]) for r in rows] == [(s, n) for n in (2, 4) for s in shapes]
   for r in rows:
     assert r["verify_ms_full"] > 0 and r["speedup"] > 0 and r["mean_accepted_length"] >= 1.0
     assert (r["predicted_mean_accepted_length"] is None) == (r["shape"] == "dynamic")
@@ -129,4 +132,5 @@ def test_tree_shapes_experiment(tiny_model, prompts, tmp_path):
   assert choice["n_star"] in (2, 4) and choice["best_measured_nodes"] in (2, 4)
   for f in ("config.gin", "results.json", "results.csv", "tau_vs_nodes.png", "speedup_vs_nodes.png"):
     assert (out / f).is_file(), f
-  assert len(load_acceptance_vector(out / "acceptance_vector.json")) == 3
+  table = load_acceptance_vector(out / "acceptance_vector.json")   # configs/tree_shapes.gin: 4 depths
+  assert len(table) == 4 and all(len(row) == 3 for row in table)

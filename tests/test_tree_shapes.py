@@ -15,6 +15,9 @@ ACCS = {
   "zeros": [0.6, 0.0, 0.3],
   "short": [0.7],
   "long_flat": [0.12] * 8,
+  # depth-conditioned tables (row d: the vector at depth d + 1; the last row repeats below)
+  "depth_rising": [[0.3, 0.1, 0.05], [0.7, 0.1, 0.0], [0.85, 0.05, 0.0]],
+  "depth_falling": [[0.6, 0.3], [0.2, 0.1]],
 }
 
 
@@ -139,7 +142,33 @@ def test_expected_accepted_by_hand():
   assert ts.expected_accepted(ts.chain(3), [0.5]) == pytest.approx(0.875)
 
 
-@pytest.mark.parametrize("bad", [[], [0.5, -0.1], [1.2], [0.7, 0.5], [[0.5]], ["x"], [float("nan")]])
+def test_expected_accepted_with_a_depth_table():
+  t = ts.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+  table = [[0.5, 0.3], [0.8, 0.1]]                     # depth 3 reuses the depth-2 row
+  assert ts.expected_accepted(t, table) == pytest.approx(0.5 + 0.3 + 0.4 + 0.05 + 0.32, abs=1e-12)
+  assert ts.expected_accepted(t, [[0.5, 0.3]] * 3) == pytest.approx(ts.expected_accepted(t, [0.5, 0.3]))
+
+
+def test_sequoia_follows_a_depth_table():
+  """A drafter that is much better once its first guess was right wants a deeper tree than its first row says."""
+  flat = [0.3, 0.1, 0.05]
+  table = [flat, [0.8, 0.05, 0.0]]
+  t_flat, t_deep = ts.sequoia(flat, 12), ts.sequoia(table, 12)
+  assert t_deep.max_depth > t_flat.max_depth
+  assert ts.expected_accepted(t_deep, table) > ts.expected_accepted(t_flat, table)
+  assert ts.sequoia([flat] * 4, 12) == t_flat          # identical rows: the position-independent tree
+  n_best, rows = ts.choose_budget(table, {4: 1.0, 8: 1.0, 12: 1.0})
+  assert rows[-1][1] == pytest.approx(ts.sequoia_with_value(table, 12)[1])
+
+
+def test_acceptance_tuple_round_trip():
+  assert ts.acceptance_tuple([0.5, 0.25]) == (0.5, 0.25)
+  assert ts.acceptance_tuple([[0.5, 0.25], [0.7, 0.1]]) == ((0.5, 0.25), (0.7, 0.1))
+  assert ts.acceptance_tuple([[0.5, 0.25]]) == (0.5, 0.25)
+
+
+@pytest.mark.parametrize("bad", [[], [0.5, -0.1], [1.2], [0.7, 0.5], [[0.5], [0.2, 0.1]], [[[0.5]]],
+                                 [[0.5, 0.2], [0.6, 0.5]], ["x"], [float("nan")]])
 def test_bad_acceptance(bad):
   with pytest.raises(SpecjaxError):
     ts.expected_accepted(ts.chain(1), bad)
@@ -280,9 +309,12 @@ def test_load_acceptance_vector(tmp_path):
   assert ts.load_acceptance_vector(f) == (0.5, 0.25)
   f.write_text("[0.6, 0.4000001]")
   assert ts.load_acceptance_vector(f) == pytest.approx((0.6, 0.4))
+  f.write_text(json.dumps({"acceptance_vector": [0.5, 0.25], "acceptance_table": [[0.5, 0.25], [0.75, 0.0]]}))
+  assert ts.load_acceptance_vector(f) == ((0.5, 0.25), (0.75, 0.0))     # the depth table wins
   for text, match in [("[0.7, 0.5]", "sums to"), ("[1.5]", r"in \[0, 1\]"), ("[-0.1]", r"in \[0, 1\]"),
                       ('{"acc": [0.5]}', "list of numbers"), ('["a"]', "list of numbers"),
-                      ("[true]", "list of numbers"),
+                      ("[true]", "list of numbers"), ("[[0.5], [0.5, 0.1]]", "equal-length"),
+                      ('{"acceptance_table": [[0.5, 0.1], [0.9, 0.2]]}', r"depth 2\) sums to"),
                       ("[]", "non-empty"), ("{", "not valid JSON")]:
     f.write_text(text)
     with pytest.raises(SpecjaxError, match=match):

@@ -13,14 +13,22 @@ with probability  P(v) = prod over the edges e on the root->v path of acc[rank(e
 accepted drafts is  E(tree) = sum_v P(v),  and the predicted mean accepted length per step is tau = 1 + E (the
 bonus / correction token).
 
+Depth-conditioned acceptance (an extension).  Drafters are not position independent: an n-gram match that was
+right once is likely right again (on summarization the n-gram drafter's best guess is accepted 0.33 of the time
+at depth 1 but 0.70 at depth 2 once depth 1 was accepted).  ``acc`` may therefore be a table ``acc[d][r]``: row d
+is the acceptance vector at depth d + 1 given that the path above was accepted (measured along the best-guess
+path, ``specjax acceptance-vector --depths D``); depths past the last row use the last row.  A 1-D vector is the
+one-row table.  Every formula below reads row depth(v) - 1 for the edge into v.
+
 The optimal tree with n draft nodes and depth <= D comes from two nested DPs.  F(m, d) is the best value of the
 nodes hanging below one node, using exactly m nodes within d levels.  G(r, m, d) is the best value of its
 children of ranks r, r+1, ... sharing m nodes: child r with a subtree of s nodes (itself + s-1 below) is worth
 acc[r] * (1 + F(s-1, d-1)), so  G(r, m, d) = max_s acc[r] * (1 + F(s-1, d-1)) + G(r+1, m-s, d),  G(., 0, d) = 0,
-G(R, m, d) = 0 (spare nodes become zero-value leaves of rank >= R), and F(m, d) = G(0, m, d).  Every value is
->= 0 and one more leaf never lowers it, so "exactly m" is as good as "at most m": the tree always spends the
-whole budget, which keeps the verification width equal to N.  Cost: O(D * R * n^2) with the inner max over s
-vectorised in numpy (R = min(len(acc), n)); about 0.01 s for n=128, D=16, R=8 and 0.2 s for R=128.
+G(R, m, d) = 0 (spare nodes become zero-value leaves of rank >= R), and F(m, d) = G(0, m, d).  With d levels
+left of D the children sit at depth D - d + 1, so a depth-conditioned table uses its row D - d there.  Every
+value is >= 0 and one more leaf never lowers it, so "exactly m" is as good as "at most m": the tree always
+spends the whole budget, which keeps the verification width equal to N.  Cost: O(D * R * n^2) with the inner
+max over s vectorised in numpy (R = min(len(acc), n)); about 0.01 s for n=128, D=16, R=8 and 0.2 s for R=128.
 
 Tree specs (CLI / gin): ``chain:K``, ``branch:W1,W2,...`` (the root has W1 children, each depth-1 node W2, ...),
 ``paths:FILE`` (Medusa-style JSON list of rank paths), ``sequoia:N[:D]`` (needs an acceptance vector) and
@@ -222,50 +230,65 @@ def _as_path(p) -> Path:
 # The Sequoia model
 
 
-def validate_acceptance(acc: Sequence[float]) -> np.ndarray:
-  """acc as a float64 vector; SpecjaxError unless 1-D, non-empty, entries in [0, 1] and sum <= 1."""
+def validate_acceptance(acc) -> np.ndarray:
+  """acc as a float64 table [rows, R]: a 1-D vector is one row, a list of equal-length vectors one row per
+  depth.  SpecjaxError unless non-empty, entries in [0, 1] and every row's sum <= 1."""
   try:
     a = np.asarray(acc, dtype=np.float64)
   except (TypeError, ValueError):
-    raise SpecjaxError(f"acceptance vector {acc!r} is not a list of numbers") from None
-  if a.ndim != 1 or a.size == 0:
-    raise SpecjaxError(f"acceptance vector must be a non-empty 1-D list of numbers, got shape {a.shape}")
+    raise SpecjaxError(f"acceptance vector {acc!r} is not a list of numbers (or of equal-length lists of "
+                       "numbers, one per depth)") from None
+  if a.ndim == 1:
+    a = a[None, :]
+  if a.ndim != 2 or a.size == 0:
+    raise SpecjaxError("acceptance must be a non-empty list of numbers, or a list of equal-length lists (one "
+                       f"per depth), got shape {a.shape}")
   if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
     raise SpecjaxError("acceptance vector entries must be probabilities in [0, 1]; regenerate it with "
                        "`specjax acceptance-vector ... --json`")
-  if a.sum() > 1 + _SUM_TOL:
-    raise SpecjaxError(f"acceptance vector sums to {a.sum():.6f} > 1: acc[r] are probabilities of disjoint "
-                       "events (the target's token is the drafter's r-th choice)")
+  sums = a.sum(axis=1)
+  if np.any(sums > 1 + _SUM_TOL):
+    d = int(np.argmax(sums))
+    raise SpecjaxError(f"acceptance vector (depth {d + 1}) sums to {sums[d]:.6f} > 1: acc[r] are probabilities "
+                       "of disjoint events (the target's token is the drafter's r-th choice)")
   return a
 
 
-def expected_accepted(tree: StaticTree, acc: Sequence[float]) -> float:
-  """Expected number of accepted draft nodes: sum over nodes of the product of acc[rank] along its path."""
+def _row(a_DxR: np.ndarray, depth: int) -> np.ndarray:
+  """The acceptance vector of the edges into nodes at ``depth`` (1-based); the last row repeats."""
+  return a_DxR[min(depth, a_DxR.shape[0]) - 1]
+
+
+def expected_accepted(tree: StaticTree, acc) -> float:
+  """Expected number of accepted draft nodes: sum over nodes of the product of acc[rank] along its path (the
+  row of each edge's depth for a depth-conditioned table)."""
   a = validate_acceptance(acc)
+  depths = tree.depths
   p = [1.0] * (tree.num_nodes + 1)
   for i in range(1, tree.num_nodes + 1):
-    r = tree.ranks[i]
-    p[i] = p[tree.parents[i]] * (float(a[r]) if r < a.size else 0.0)
+    r, row = tree.ranks[i], _row(a, depths[i])
+    p[i] = p[tree.parents[i]] * (float(row[r]) if r < row.size else 0.0)
   return float(sum(p[1:]))
 
 
-def predicted_tau(tree: StaticTree, acc: Sequence[float]) -> float:
+def predicted_tau(tree: StaticTree, acc) -> float:
   """Predicted mean accepted length per step: 1 + expected_accepted (the bonus / correction token)."""
   return 1.0 + expected_accepted(tree, acc)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Tables:
-  acc: np.ndarray        # effective acc[:R]
+  acc: np.ndarray        # effective acc[:, :R] (rows by depth)
   value: np.ndarray      # [D+1, n+1]: F(m, d); -inf where infeasible (m > 0, d = 0)
   choice: np.ndarray     # [D+1, R, n+1]: nodes s given to the rank-r child in G(r, m, d)
 
 
-def _sequoia_tables(a: np.ndarray, n: int, depth: int) -> _Tables:
-  """The two DPs of the module docstring, for every budget m <= n and depth d <= depth."""
-  nz = np.flatnonzero(a > 0)
+def _sequoia_tables(a_DxR: np.ndarray, n: int, depth: int) -> _Tables:
+  """The two DPs of the module docstring, for every budget m <= n and levels left d <= depth (the root's
+  children at depth 1)."""
+  nz = np.flatnonzero(a_DxR.max(axis=0) > 0)
   R = min(int(nz[-1]) + 1 if nz.size else 0, n)   # ranks past the last non-zero entry are worth 0
-  a = a[:R]
+  a_DxR = a_DxR[:, :R]
   F = np.full((depth + 1, n + 1), -np.inf)
   F[0, 0] = 0.0
   choice = np.zeros((depth + 1, R, n + 1), np.int32)
@@ -274,6 +297,7 @@ def _sequoia_tables(a: np.ndarray, n: int, depth: int) -> _Tables:
   valid_all = (m_all[None, :] >= 1) & (rest_all >= 0)
   rest_all = np.clip(rest_all, 0, n)
   for d in range(1, depth + 1):
+    a = _row(a_DxR, depth - d + 1)                # children made with d levels left sit at depth D - d + 1
     k = n - depth + d + 1                         # a node with d levels left sits at depth >= depth - d: m < k
     m_idx, rest, valid = m_all[:k], rest_all[:k, :k], valid_all[:k, :k]
     below = F[d - 1, :k - 1]                      # F(s-1, d-1) for s = 1..k-1
@@ -292,11 +316,11 @@ def _sequoia_tables(a: np.ndarray, n: int, depth: int) -> _Tables:
       g = np.where(m_idx == 0, 0.0, total[m_idx, pick])
       choice[d, r, :k] = pick
     F[d, :k] = g
-  return _Tables(acc=a, value=F, choice=choice)
+  return _Tables(acc=a_DxR, value=F, choice=choice)
 
 
 def _reconstruct(t: _Tables, n: int, depth: int) -> StaticTree:
-  R = t.acc.size
+  R = t.acc.shape[1]
   paths: list[Path] = []
 
   def grow(prefix: Path, m: int, d: int) -> None:
@@ -323,19 +347,19 @@ def _sequoia_args(acc, n, max_depth) -> tuple[np.ndarray, int]:
   return a, min(n, max_depth if max_depth is not None else n)
 
 
-def sequoia_with_value(acc: Sequence[float], n: int, max_depth: int | None = None) -> tuple[StaticTree, float]:
+def sequoia_with_value(acc, n: int, max_depth: int | None = None) -> tuple[StaticTree, float]:
   """The Sequoia-optimal tree with n draft nodes and depth <= max_depth (None: no limit) and its predicted tau."""
   a, depth = _sequoia_args(acc, n, max_depth)
   t = _sequoia_tables(a, n, depth)
   return _reconstruct(t, n, depth), 1.0 + float(t.value[depth, n])
 
 
-def sequoia(acc: Sequence[float], n: int, max_depth: int | None = None) -> StaticTree:
+def sequoia(acc, n: int, max_depth: int | None = None) -> StaticTree:
   """The tree with n draft nodes and depth <= max_depth maximising ``expected_accepted``."""
   return sequoia_with_value(acc, n, max_depth)[0]
 
 
-def choose_budget(acc: Sequence[float], cost_by_n: dict[int, float],
+def choose_budget(acc, cost_by_n: dict[int, float],
                   max_depth: int | None = None) -> tuple[int, list[tuple[int, float, float, float]]]:
   """Hardware-aware budget: the n maximising predicted tau(n) / cost(n), cost = measured seconds of one
   speculative iteration (draft + verify) with n nodes.  Returns (n_best, [(n, tau, cost, tau/cost), ...])."""
@@ -386,7 +410,7 @@ class TreeSpec:
       return self.tree.num_nodes
     return self.num
 
-  def build(self, acc: Sequence[float] | None = None) -> StaticTree:
+  def build(self, acc=None) -> StaticTree:
     """The static tree; sequoia needs ``acc``."""
     if self.kind == "chain":
       return chain(self.num)
@@ -481,15 +505,28 @@ def _spec_int(text: str, part: str, name: str, example: str) -> int:
 # Acceptance-vector files
 
 
-def load_acceptance_vector(file: str | os.PathLike) -> tuple[float, ...]:
-  """Read {"acceptance_vector": [...], ...} or a bare JSON list; validated as in ``validate_acceptance``."""
+def acceptance_tuple(acc):
+  """acc validated, as hashable data: a flat tuple for one row, a tuple of row tuples for a depth table."""
+  a = validate_acceptance(acc)
+  rows = tuple(tuple(float(x) for x in row) for row in a)
+  return rows[0] if len(rows) == 1 else rows
+
+
+def load_acceptance_vector(file: str | os.PathLike):
+  """Read {"acceptance_table": [[...], ...]} (depth-conditioned, preferred when present),
+  {"acceptance_vector": [...]} or a bare JSON list; validated as in ``validate_acceptance``."""
   data = _read_json(file, "acceptance file")
-  vec = data.get("acceptance_vector") if isinstance(data, dict) else data
-  if not isinstance(vec, list) or not all(_is_number(x) for x in vec):
+  vec = data
+  if isinstance(data, dict):
+    vec = data.get("acceptance_table") or data.get("acceptance_vector")
+  flat = isinstance(vec, list) and all(_is_number(x) for x in vec)       # [] fails validation: "non-empty"
+  table = isinstance(vec, list) and vec and all(isinstance(r, list) and all(_is_number(x) for x in r)
+                                                 for r in vec)
+  if not (flat or table):
     raise SpecjaxError(f"acceptance file '{file}' must hold a list of numbers or {{\"acceptance_vector\": [...]}}; "
                        "write it with `specjax acceptance-vector ... --json`")
   try:
-    return tuple(float(x) for x in validate_acceptance(vec))
+    return acceptance_tuple(vec)
   except SpecjaxError as e:
     raise SpecjaxError(f"acceptance file '{file}': {e}") from None
 
