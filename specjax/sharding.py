@@ -108,20 +108,22 @@ def shard_params(params, mesh: Mesh):
   return jax.tree_util.tree_map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 
 
+def cache_shardings(cache, mesh: Mesh):
+  """The KV cache's placement (a KVCache of NamedShardings): KV buffers over (data: sequences, model: KV
+  heads), lengths over data."""
+  kv = NamedSharding(mesh, _fit(CACHE_SPEC, tuple(cache.k.shape), mesh))
+  lengths = NamedSharding(mesh, _fit(("data",), tuple(cache.lengths.shape), mesh))
+  return type(cache)(k=kv, v=kv, lengths=lengths)
+
+
 def shard_cache(cache, mesh: Mesh):
-  """KV buffers over (data: sequences, model: KV heads); lengths over data."""
-  kv = NamedSharding(mesh, _fit(CACHE_SPEC, cache.k.shape, mesh))
-  lengths = NamedSharding(mesh, _fit(("data",), cache.lengths.shape, mesh))
-  return type(cache)(k=jax.device_put(cache.k, kv), v=jax.device_put(cache.v, kv),
-                     lengths=jax.device_put(cache.lengths, lengths))
+  """The cache's arrays placed by ``cache_shardings``."""
+  return jax.device_put(cache, cache_shardings(cache, mesh))
 
 
 def abstract_cache(cache, mesh: Mesh):
   """``shard_cache`` for a cache of ShapeDtypeStructs (ahead-of-time compilation)."""
-  kv = NamedSharding(mesh, _fit(CACHE_SPEC, cache.k.shape, mesh))
-  lengths = NamedSharding(mesh, _fit(("data",), cache.lengths.shape, mesh))
-  sds = lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)  # noqa: E731
-  return type(cache)(k=sds(cache.k, kv), v=sds(cache.v, kv), lengths=sds(cache.lengths, lengths))
+  return with_shardings(cache, cache_shardings(cache, mesh))
 
 
 def batch_sharding(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:

@@ -34,16 +34,23 @@ def test_every_mesh_decodes_the_single_device_tokens(child):
   # speculative greedy decoding is plain greedy decoding, on every mesh
   plain = child["results"]["plain/greedy"]["single"]
   assert child["results"]["model-chain/sampled"]["single"] != plain        # sampling really samples
-  for setting in ("ngram-chain/greedy", "model-tree/greedy"):
-    for mesh in ("1x8", "2x4", "8x1"):
-      assert child["results"][setting][mesh] == plain, (setting, mesh)
+  meshes_run = set()
+  for setting in ("ngram-chain/greedy", "model-tree/greedy", "model-chain/sampled"):
+    meshes = set(child["results"][setting]) - {"single"}
+    assert len(meshes) == 2, setting
+    meshes_run |= meshes
+    if "greedy" in setting:
+      for mesh in meshes:
+        assert child["results"][setting][mesh] == plain, (setting, mesh)
+  assert meshes_run == {"1x8", "2x4", "8x1"}
 
 
 def test_a_training_step_gives_the_same_loss_on_every_mesh(child):
   losses = child["train_losses"]
   single = losses["single"]
   assert len(single) == 2 and single[1] < single[0]          # the step trains
-  for mesh in ("1x8", "2x4", "8x1"):
+  assert set(losses) == {"single", "2x4", "8x1"}
+  for mesh in ("2x4", "8x1"):
     np.testing.assert_allclose(losses[mesh], single, rtol=1e-5, atol=1e-5, err_msg=mesh)
 
 
@@ -59,7 +66,7 @@ def test_pallas_tree_kernel_runs_per_shard(child):
   each device's sequences and KV heads, gives the single device's tree tokens, and no KV buffer (the only
   rank-5 arrays) is gathered."""
   row = child["results"]["pallas-tree/greedy"]
-  assert row["2x4"] == row["single"] == child["results"]["model-tree/greedy"]["single"]
+  assert row["2x4"] == child["results"]["model-tree/greedy"]["single"]
   assert child["pallas_2x4_shard_map"]
   rank5 = [s for s in child["all_gather_shapes_pallas_2x4"] if s.count(",") == 4]
   assert not rank5, rank5
