@@ -7,6 +7,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # executables, and the same counts of compiled executables, on every machine.
 os.environ.setdefault("SPECJAX_NATIVE", "1")
 
+# Tests compile a few hundred small programs from an empty cache in CI: LLVM's backend optimisations cost
+# about a third of each compile and buy nothing at these sizes (the heavy matmuls and attention are the native
+# kernels or Eigen, built optimised either way).  Subprocesses inherit it (tests append their own flags).
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")

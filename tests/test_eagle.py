@@ -331,24 +331,23 @@ CFG = config.TINY.replace(num_layers=3)
 target = model.init_params(CFG, jax.random.PRNGKey(0))
 kw = dict(data_dir={data!r}, run_dir={run!r}, batch_size=2, seq_len=64, learning_rate=3e-3, warmup_steps=1,
           checkpoint_every=2, log_every=1, unroll=2, progress=False, mesh={mesh!r})
-if kw["mesh"]:     # 4 steps, then resumed at step 4 on the same mesh (one device: 6 steps straight)
-  recipes.train_eagle_on(target, CFG, steps=4, **kw)
-out = recipes.train_eagle_on(target, CFG, steps=6, resume=bool(kw["mesh"]), **kw)
+recipes.train_eagle_on(target, CFG, steps=4, **kw)
+out = recipes.train_eagle_on(target, CFG, steps=6, resume=True, **kw)     # resumed at step 4, on the same mesh
 print(json.dumps({{"devices": jax.device_count(), "loss": out["final_loss"]}}))
 """
 
 
 def test_training_is_data_parallel_over_a_mesh_and_resumes_on_it(tmp_path, target):
   """The trainer's own loop on 8 host devices, a 2x4 mesh (batch over data, parameters over model by
-  sharding.RULES), checkpointed and resumed on that mesh: the losses equal those of an uninterrupted one-device
-  run."""
+  sharding.RULES), checkpointed and resumed on that mesh: the losses equal the one-device run's."""
   data = make_store(tmp_path, target, n=8)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   res = {}
   for n, mesh in ((1, None), (8, "2x4")):
     script = tmp_path / f"dp{n}.py"
     script.write_text(DP_SCRIPT.format(root=root, data=str(data), run=str(tmp_path / f"run{n}"), mesh=mesh))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     res[n] = json.loads(p.stdout.strip().splitlines()[-1])

@@ -31,7 +31,7 @@ def test_two_processes_decode_the_single_device_tokens(tmp_path):
   assert len({tuple(w) for w in want}) == 4
 
   port = _free_port()
-  env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env2 = {**env, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
   procs = [subprocess.Popen(args + ["--mesh", "2x2", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
                                     "--process-id", str(i)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env2)

@@ -13,10 +13,12 @@ import pytest
 from specjax import sharding
 from specjax.errors import SpecjaxError
 
+_EIGHT = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"   # 8 host devices
+
 
 @pytest.fixture(scope="module")
 def child():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": _EIGHT, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sharded_decoding_child.py"))],
                         capture_output=True, text=True, env=env, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -118,7 +120,7 @@ def test_generate_and_bench_cli_on_a_mesh(tmp_path):
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nhello hello hello\nthe cat the cat\nx\n")
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": _EIGHT, "JAX_PLATFORMS": "cpu",
          "SPECJAX_CACHE": str(tmp_path / "cache")}
   args = [sys.executable, "-m", "specjax.cli", "generate", "--model", path, "--prompts", str(prompts),
           "--batch-size", "4", "--max-new-tokens", "12", "--drafter", "ngram", "--k", "3", "--json", "--mesh", "2x4"]
@@ -139,7 +141,7 @@ def test_generate_and_bench_cli_on_a_mesh(tmp_path):
 
 def test_serving_on_a_mesh_gives_plain_greedy_tokens():
   """The continuous-batching engine with its slots over "data" and KV heads over "model" (4x2)."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": _EIGHT, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sharded_serving_child.py"))],
                         capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
