@@ -79,8 +79,8 @@ def tree_shapes(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
                 per_category: int | None = None, limit: int | None = None, budgets=(2, 4, 8, 16, 32),
                 shapes=SHAPES, drafter: str = "ngram", ngram: int = 3, ngram_caps=api.DEFAULT_NGRAM_CAPS,
                 draft_layers=None, draft: str | None = None, max_new_tokens: int = 64, max_len: int = 2048,
-                ranks: int = 8, acceptance_depths: int = 1, sequoia_depth: int | None = None, dynamic_top_k: int = 4, repeats: int = 1,
-                log=print) -> dict:
+                ranks: int = 8, acceptance_depths: int = 1, sequoia_depth: int | None = None,
+                dynamic_top_k: int = 4, repeats: int = 1, log=print) -> dict:
   shapes, budgets = tuple(shapes), tuple(budgets)
   _check(shapes, budgets, drafter)
   for n in budgets:     # every tree fits the buffer: fail before loading anything

@@ -472,10 +472,10 @@ def cmd_acceptance_vector(args) -> int:
     raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
   if args.ranks < 1:
     raise SpecjaxError(f"--ranks must be >= 1, got {args.ranks}")
-  prompts = load_prompts(args.prompts, args.category, args.limit)
-  m = _load(args)
   if args.depths < 1:
     raise SpecjaxError(f"--depths must be >= 1, got {args.depths}")
+  prompts = load_prompts(args.prompts, args.category, args.limit)
+  m = _load(args)
   res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks, depths=args.depths,
                               max_new_tokens=args.max_new_tokens, max_len=_max_len(args),
                               batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,

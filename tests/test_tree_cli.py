@@ -66,6 +66,7 @@ def test_tree_errors_are_one_line_and_come_before_loading(tmp_path):
   assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--drafter", "none"),
                      "--drafter ngram")
   assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--ranks", "0"), "--ranks")
+  assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--depths", "0"), "--depths")
 
 
 def test_generate_tree_gives_plain_greedy_tokens(tiny_model, prompts, plain):
