@@ -74,8 +74,8 @@ def make_mesh(shape: str | tuple[int, int], devices=None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   if data * model != len(devices):
     raise SpecjaxError(
-        f"mesh {data}x{model} needs {data * model} devices, {len(devices)} are visible: choose a mesh whose "
-        f"product is {len(devices)} (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
+        f"mesh {data}x{model} needs {data * model} devices, {len(devices)} "
+        f"{'is' if len(devices) == 1 else 'are'} visible: choose a mesh whose product is {len(devices)} (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
   return Mesh(np.asarray(devices).reshape(data, model), AXES)
 
 

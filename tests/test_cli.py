@@ -1,4 +1,6 @@
 """The CLI contract: one JSON object on stdout with --json; bad input is one line on stderr, exit != 0."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -25,6 +27,20 @@ def specjax(*args, cache=None):
                         cwd=ROOT, env=env, timeout=600)
 
 
+def specjax_here(*args):
+  """The CLI's ``main`` in this process, as a finished process (return code, stdout, stderr): for the many
+  bad-input cases that stop before anything compiles, without paying an interpreter and jax start-up each.
+  The tests that run ``specjax`` above keep checking the real process contract."""
+  from specjax import cli
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      rc = cli.main([str(a) for a in args])
+    except SystemExit as e:                       # argparse's own errors
+      rc = e.code if isinstance(e.code, int) else 1
+  return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
+
+
 def assert_clean_error(proc, *needles):
   assert proc.returncode != 0
   err = proc.stderr.strip().splitlines()
@@ -47,10 +63,10 @@ def test_missing_model_file(tmp_path):
 def test_corrupt_gguf(tmp_path, tiny_model):
   bad = tmp_path / "bad.gguf"
   bad.write_bytes(Path(tiny_model).read_bytes()[:3000])
-  assert_clean_error(specjax("tokenize", "--model", str(bad), "--text", "hi"), "bad.gguf")
+  assert_clean_error(specjax_here("tokenize", "--model", str(bad), "--text", "hi"), "bad.gguf")
   junk = tmp_path / "junk.gguf"
   junk.write_bytes(os.urandom(4096))
-  assert_clean_error(specjax("tokenize", "--model", str(junk), "--text", "hi"), "junk.gguf")
+  assert_clean_error(specjax_here("tokenize", "--model", str(junk), "--text", "hi"), "junk.gguf")
 
 
 def test_prompt_longer_than_cache(tiny_model):
@@ -110,16 +126,16 @@ def test_models_lists_default(tmp_path):
 
 
 def test_unknown_drafter_and_k_too_large(tiny_model):
-  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "magic"),
+  assert_clean_error(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "magic"),
                      "unknown drafter", "ngram")
-  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
-                             "--k", "70", "--max-len", "64"), "--k 70", "--max-len")
-  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "model"),
+  assert_clean_error(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                                  "--k", "70", "--max-len", "64"), "--k 70", "--max-len")
+  assert_clean_error(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "model"),
                      "--draft")
-  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
-                             "--ngram-caps", "one,3"), "--ngram-caps", "1,3")
-  assert_clean_error(specjax("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
-                             "--ngram-caps", "-1"), "--ngram-caps", ">= 0")
+  assert_clean_error(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                                  "--ngram-caps", "one,3"), "--ngram-caps", "1,3")
+  assert_clean_error(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--drafter", "ngram",
+                                  "--ngram-caps", "-1"), "--ngram-caps", ">= 0")
 
 
 def test_draft_vocabulary_mismatch(tiny_model, tmp_path):

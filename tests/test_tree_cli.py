@@ -6,7 +6,7 @@ import pytest
 
 from specjax.speculative.tree_shapes import load_acceptance_vector
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
-from tests.test_cli import assert_clean_error, specjax
+from tests.test_cli import assert_clean_error, specjax, specjax_here
 
 MISSING_MODEL = "/no/such/model.gguf"      # tree errors must come before the model is even looked for
 
@@ -60,13 +60,13 @@ def test_tree_errors_are_one_line_and_come_before_loading(tmp_path):
             ("nope.json",)),
            (("--drafter", "ngram", "--tree", "dynamic:4", "--acceptance", str(acc)), ("dynamic", "--acceptance"))]
   for extra, needles in cases:
-    assert_clean_error(specjax(*base, *extra), *needles)
-  assert_clean_error(specjax("bench", "--model", MISSING_MODEL, "--drafter", "ngram", "--tree", "chain:0"),
+    assert_clean_error(specjax_here(*base, *extra), *needles)
+  assert_clean_error(specjax_here("bench", "--model", MISSING_MODEL, "--drafter", "ngram", "--tree", "chain:0"),
                      "positive integer")
-  assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--drafter", "none"),
+  assert_clean_error(specjax_here("acceptance-vector", "--model", MISSING_MODEL, "--drafter", "none"),
                      "--drafter ngram")
-  assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--ranks", "0"), "--ranks")
-  assert_clean_error(specjax("acceptance-vector", "--model", MISSING_MODEL, "--depths", "0"), "--depths")
+  assert_clean_error(specjax_here("acceptance-vector", "--model", MISSING_MODEL, "--ranks", "0"), "--ranks")
+  assert_clean_error(specjax_here("acceptance-vector", "--model", MISSING_MODEL, "--depths", "0"), "--depths")
 
 
 def test_generate_tree_gives_plain_greedy_tokens(tiny_model, prompts, plain):
