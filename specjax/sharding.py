@@ -75,7 +75,8 @@ def make_mesh(shape: str | tuple[int, int], devices=None) -> Mesh:
   if data * model != len(devices):
     raise SpecjaxError(
         f"mesh {data}x{model} needs {data * model} devices, {len(devices)} "
-        f"{'is' if len(devices) == 1 else 'are'} visible: choose a mesh whose product is {len(devices)} (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
+        f"{'is' if len(devices) == 1 else 'are'} visible: choose a mesh whose product is {len(devices)} "
+        f"(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
   return Mesh(np.asarray(devices).reshape(data, model), AXES)
 
 
