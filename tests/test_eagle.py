@@ -199,6 +199,19 @@ def make_store(tmp_path, target, n=24, seed=0):
   return d
 
 
+def test_generation_order_answers_a_fair_sample_first():
+  """Prompts are answered in random chunks, each sorted by length: a stage stopped early has long and short
+  prompts alike (sorting everything by length would leave only the shortest)."""
+  lengths = np.random.default_rng(0).integers(1, 500, 1000).tolist()
+  order = data_lib.generation_order(lengths, 64, seed=0)
+  assert sorted(order) == list(range(1000)) and order == data_lib.generation_order(lengths, 64, seed=0)
+  for a in range(0, 1000, 64):
+    chunk = [lengths[i] for i in order[a:a + 64]]
+    assert chunk == sorted(chunk)
+  first = [lengths[i] for i in order[:192]]
+  assert abs(np.mean(first) / np.mean(lengths) - 1) < 0.1 and max(first) > np.percentile(lengths, 95)
+
+
 def test_feature_store_and_batches(tmp_path, target):
   d = make_store(tmp_path, target, n=6)
   store = eagle_train.FeatureData(d)

@@ -78,8 +78,8 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
   if too_long:
     raise SpecjaxError(f"{len(too_long)} prompts do not fit {max_len} positions with {max_new_tokens} new "
                        f"tokens (e.g. '{todo[too_long[0]]['prompt'][:60]}...'): raise max_len")
-  order = sorted(range(len(todo)), key=lambda i: len(enc[i]))
   chunk = chunk or batch_size * 4
+  order = generation_order([len(e) for e in enc], chunk, seed)
   new_tokens = 0
   t0 = time.perf_counter()
   with _progress() as bar, path.open("a", encoding="utf-8") as f:
@@ -100,6 +100,16 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
       rate = new_tokens / (time.perf_counter() - t0)
       bar.update(task, advance=len(idx), info=f"{rate:.0f} tok/s")
   return path
+
+
+def generation_order(lengths: Sequence[int], chunk: int, seed: int = 0) -> list[int]:
+  """The order prompts are answered in: a random permutation cut into chunks, each chunk sorted by length.
+
+  Within a chunk similar lengths share a batch (less padding); across chunks the order is random, so a stage
+  stopped after any chunk has answered a fair sample of the prompts (every category, short and long ones), not
+  just the shortest."""
+  perm = np.random.default_rng(seed).permutation(len(lengths)).tolist()
+  return [i for a in range(0, len(perm), chunk) for i in sorted(perm[a:a + chunk], key=lambda i: lengths[i])]
 
 
 def _pad_bucket(n: int) -> int:
