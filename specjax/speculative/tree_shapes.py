@@ -16,9 +16,9 @@ bonus / correction token).
 Depth-conditioned acceptance (an extension).  Drafters are not position independent: an n-gram match that was
 right once is likely right again (on 12 summarization prompts the n-gram drafter's best guess was accepted 0.27
 of the time at depth 1, 0.36 at depth 2 and 0.80 at depth 3 given that the guesses above it were).  ``acc`` may
-therefore be a table ``acc[d][r]``: row d is the acceptance vector at depth d + 1 given that the path above was accepted (measured along the best-guess
-path, ``specjax acceptance-vector --depths D``); depths past the last row use the last row.  A 1-D vector is the
-one-row table.  Every formula below reads row depth(v) - 1 for the edge into v.
+therefore be a table ``acc[d][r]``: row d is the acceptance vector at depth d + 1 given that the path above was
+accepted (measured along the best-guess path, ``specjax acceptance-vector --depths D``); depths past the last
+row use the last row.  A 1-D vector is the one-row table.  Every formula below reads row depth(v) - 1 for the edge into v.
 
 The optimal tree with n draft nodes and depth <= D comes from two nested DPs.  F(m, d) is the best value of the
 nodes hanging below one node, using exactly m nodes within d levels.  G(r, m, d) is the best value of its
