@@ -2,8 +2,20 @@
 on that category's prompts (the table of the draft-training issue)."""
 from __future__ import annotations
 
+import itertools
+
 from specjax import api, bench
 from experiments.common import pick_prompts
+
+
+def spread(prompts, n: int):
+  """At most ``n`` prompts, taken in turn from each category among them (so 'mt_bench' gives a column of
+  MT-bench's eight categories alike), each category's in file order."""
+  by_cat: dict = {}
+  for p in prompts:
+    by_cat.setdefault(p.category, []).append(p)
+  out = [p for group in itertools.zip_longest(*by_cat.values()) for p in group if p is not None]
+  return out[:n]
 
 
 def drafter_table(model: str = "smollm2-135m", prompts: str = "specjax-prompts",
@@ -11,14 +23,15 @@ def drafter_table(model: str = "smollm2-135m", prompts: str = "specjax-prompts",
                               "humanities", "translation", "summarization", "qa"),
                   per_category: int = 4, drafters=({"label": "ngram", "drafter": "ngram", "k": 5},),
                   max_new_tokens: int = 128, max_len: int = 2048, repeats: int = 1, log=print) -> dict:
-  """``drafters``: dicts with a ``label`` and ``speculative_method`` settings (``drafter``, ``k``, ``tree``,
+  """``categories``: one table column each (a Spec-Bench group such as ``mt_bench`` counts as one), with
+  ``per_category`` prompts spread over its sub-categories.  ``drafters``: dicts with a ``label`` and ``speculative_method`` settings (``drafter``, ``k``, ``tree``,
   ``draft``: a model name/path for ``model``, a trained drafter's directory for ``eagle``, ...)."""
   m = api.load(model)
   eos = tuple(m.tokenizer.eos_token_ids)
   loaded = {}
   rows = []
   for cat in categories:
-    chosen = pick_prompts(prompts, [cat], per_category)
+    chosen = spread(pick_prompts(prompts, [cat]), per_category)
     batches = bench.make_batches(m, chosen, 1, max_new_tokens, max_len)
     for spec in drafters:
       spec = dict(spec)

@@ -418,6 +418,13 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T), features)
 
 
+def scatter_to_vocab(logits_BxTxVr: jax.Array, head_ids_Vr: jax.Array, vocab_size: int) -> jax.Array:
+  """Logits of a reduced head (rows ``head_ids``) over the full vocabulary: every other token at
+  ``MASK_VALUE``, so its probability after softmax is exactly 0 (drafters with a reduced vocabulary)."""
+  full = jnp.full(logits_BxTxVr.shape[:-1] + (vocab_size,), MASK_VALUE, jnp.float32)
+  return full.at[..., head_ids_Vr].set(logits_BxTxVr.astype(jnp.float32))
+
+
 def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None) -> jax.Array:
   head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
   return linear(hidden_BxTxD, head_VxD, live_T).astype(jnp.float32)

@@ -334,6 +334,90 @@ def test_small_draft_model_trains_and_exports_a_loadable_checkpoint(tmp_path, ta
   assert out == plain
 
 
+def test_small_draft_model_with_a_reduced_vocabulary(tmp_path, target):
+  """A reduced head on the small draft model: its loss falls, nothing outside the vocabulary can be drafted,
+  greedy output is unchanged for every tree shape, and the Hugging Face export (lm_head [Vr, D] + d2t)
+  loads back with its map; a d2t that does not fit gives a one-line error."""
+  from specjax.checkpoints.safetensors_loader import load_hf_dir
+  from specjax.errors import CheckpointError
+  from specjax.speculative import ModelDrafter
+  from specjax.training import draft_model, recipes
+  from tests.test_checkpoints import gguf_tokenizer
+  tok = gguf_tokenizer()
+  store = eagle_train.FeatureData(make_store(tmp_path, target, n=12))
+  V = min(CFG.vocab_size, tok.vocab_size)      # ids the test tokenizer also has
+  head_ids, t2d = recipes._reduced_head(store, CFG.replace(vocab_size=V), 16)
+  t2d = jnp.pad(t2d, (0, CFG.vocab_size - V), constant_values=-1)
+  assert len(head_ids) == 16 and 2 in head_ids        # EOS always kept
+  layers = (0, 2)
+  dcfg = draft_model.draft_config(CFG, layers, reduced=True)
+  trainable, frozen = draft_model.split(draft_model.init_from_target(target, layers, head_ids), True)
+  assert set(frozen) == {"embed", "lm_head", "head_ids"} and frozen["lm_head"].shape == (16, CFG.d_model)
+  head = jnp.take(target["embed"], jnp.asarray(head_ids), axis=0)
+  aux = {"head": head, "t2d": t2d}
+  loss_of = lambda tr, fz, b: draft_model.loss_fn(tr, {k: fz[k] for k in ("embed", "lm_head", "head_ids")},
+                                                  dcfg, "fkl", b, fz["head"], fz["t2d"])
+  batch = eagle_train.PackedBatcher(store, store.final, np.arange(12), batch_size=4, seq_len=64).next()
+  before = float(loss_of(trainable, {**frozen, **aux}, batch)[0])
+  ce = draft_model.loss_fn(trainable, frozen, dcfg, "ce", batch, head, t2d)[0]
+  assert np.isfinite(float(ce))
+  res = recipes._fit(loss_of, trainable, {**frozen, **aux}, store, store.final, run_dir=tmp_path / "run",
+                     resume=False, fingerprint={"drafter": "model"}, settings={}, steps=10, batch_size=2,
+                     seq_len=64, learning_rate=1e-3, warmup_steps=2, checkpoint_every=5, log_every=1,
+                     progress=False)
+  assert float(loss_of(res["params"], {**frozen, **aux}, batch)[0]) < before
+  params = {**jax.device_get(res["params"]), **frozen}
+  # In the engine: draft logits over the target's vocabulary, zero probability outside head_ids.
+  d = ModelDrafter(dcfg, buckets=BUCKETS)
+  prompt = jnp.asarray(PROMPTS[:1])
+  st = d.init(params, prompt, jnp.array([10]), 64)
+  lg, _, _ = d._root(params, st, jnp.zeros((1, 64), jnp.int32).at[:, :10].set(prompt), jnp.array([10]),
+                     jnp.array([5]))
+  assert lg.shape == (1, CFG.vocab_size)
+  outside = np.setdiff1d(np.arange(CFG.vocab_size), head_ids)
+  assert float(jax.nn.softmax(lg)[0, outside].sum()) == 0.0
+  plain, _ = _run(model.unstack_layers(target), NoDrafter(), (), tree_shapes.chain(0))
+  for name, shape in SHAPES.items():
+    out, _ = _run(model.unstack_layers(target), ModelDrafter(dcfg, buckets=BUCKETS), model.unstack_layers(params),
+                  shape)
+    assert out == plain, name
+  # Export (EAGLE-3's convention: draft_vocab_size, d2t) and load back.
+  cfg_tok = dcfg.replace(vocab_size=tok.vocab_size)
+  emb = np.asarray(params["embed"])
+  emb = emb[:tok.vocab_size] if tok.vocab_size <= len(emb) else np.pad(emb, ((0, tok.vocab_size - len(emb)), (0, 0)))
+  path = draft_model.export_hf(tmp_path / "drafter", cfg_tok, {**params, "embed": emb}, tok)
+  conf = json.loads((path / "config.json").read_text())
+  assert conf["draft_vocab_size"] == 16 and conf["tie_word_embeddings"] is False
+  cfg2, params2, _ = load_hf_dir(path)
+  np.testing.assert_array_equal(np.asarray(params2["head_ids"]), head_ids)
+  np.testing.assert_array_equal(np.asarray(params2["lm_head"]), np.asarray(params["lm_head"]))
+  conf["draft_vocab_size"] = 17
+  (path / "config.json").write_text(json.dumps(conf))
+  with pytest.raises(CheckpointError, match="draft_vocab_size=17 but 'lm_head.weight' is"):
+    load_hf_dir(path)
+  del conf["draft_vocab_size"]
+  (path / "config.json").write_text(json.dumps(conf))
+  with pytest.raises(CheckpointError, match="'lm_head.weight' has shape"):
+    load_hf_dir(path)
+
+
+def test_small_draft_model_sampling_with_a_reduced_vocabulary_is_lossless():
+  """Under sampling a reduced draft model's q is zero outside its vocabulary; the chain rule stays lossless
+  (chi-square against the enumerated joint of plain sampling), and a broken rule is caught."""
+  from specjax.speculative import ModelDrafter
+  from specjax.training import draft_model
+  sp = sampling.SamplingParams(temperature=1.0)
+  tgt = ts._micro_params(0)
+  other = ts._micro_params(7)       # a draft that differs from the target
+  dp = draft_model.init_from_target(other, (0,), np.array([0, 2, 3, 5, 8, 11]))
+  drafter = ModelDrafter(draft_model.draft_config(ts.MICRO, (0,), reduced=True))
+  joint = ts._exact_joint(tgt, sp)
+  p_ok = ts._chi2_pvalue(ts._spec_samples(tgt, dp, sp, drafter=drafter), joint)
+  p_broken = ts._chi2_pvalue(ts._spec_samples(tgt, dp, sp, drafter=drafter, acceptance=ts.AcceptAlways()), joint)
+  assert p_ok > 1e-3, p_ok
+  assert p_broken < 1e-6, p_broken
+
+
 DP_SCRIPT = r"""
 import json, os, sys
 sys.path.insert(0, {root!r})

@@ -38,3 +38,11 @@ def test_every_shipped_config_parses():
   assert len(configs) >= 7
   for c in configs:
     runner.parse([str(c)], [])
+
+
+def test_drafter_table_spreads_a_column_over_its_categories():
+  from experiments.drafter_table import spread
+  from specjax.prompts import Prompt
+  ps = [Prompt(f"a{i}", "a", "x") for i in range(4)] + [Prompt(f"b{i}", "b", "x") for i in range(2)]
+  assert [p.question_id for p in spread(ps, 5)] == ["a0", "b0", "a1", "b1", "a2"]
+  assert [p.question_id for p in spread(ps, 100)] == ["a0", "b0", "a1", "b1", "a2", "a3"]

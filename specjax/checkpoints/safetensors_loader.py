@@ -211,7 +211,8 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
   path = Path(path)
   if not path.is_dir():
     raise CheckpointError(f"{path}: not a directory")
-  cfg = config_from_hf(_read_json(path / "config.json"), path.name, str(path))
+  raw = _read_json(path / "config.json")
+  cfg = config_from_hf(raw, path.name, str(path))
   tokenizer = load_hf_tokenizer(path, cfg)
   cfg = cfg.replace(bos_token_id=cfg.bos_token_id if cfg.bos_token_id is not None
                     else tokenizer.bos_token_id, eos_token_ids=tokenizer.eos_token_ids)
@@ -225,6 +226,7 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
         raise CheckpointError(f"{path}: config says tie_word_embeddings=false but the checkpoint is "
                               "missing tensor 'lm_head.weight'")
       lm_head = reader.get("lm_head.weight")
+    head_ids = _draft_vocabulary(reader, raw, cfg, lm_head)
     layers = _layers(reader, cfg)
   except CheckpointError as e:
     msg = str(e)
@@ -233,4 +235,29 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
     params = params_from_hf_layout(cfg, embed, final_norm, layers, lm_head, dtype)
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from e
+  if head_ids is not None:
+    params["head_ids"] = jnp.asarray(head_ids, jnp.int32)
   return cfg, params, tokenizer
+
+
+def _draft_vocabulary(reader: _TensorReader, config: Mapping[str, Any], cfg: ModelConfig, lm_head):
+  """A draft model with a reduced head (config ``draft_vocab_size`` Vr, EAGLE-3's convention): its
+  ``d2t`` [Vr] target ids, checked against ``lm_head`` [Vr, D]; None for an ordinary checkpoint, whose
+  ``lm_head`` must be [V, D]."""
+  Vr = config.get("draft_vocab_size")
+  D, V = cfg.d_model, cfg.vocab_size
+  if Vr is None or int(Vr) == V:
+    if lm_head is not None and tuple(lm_head.shape) != (V, D):
+      raise CheckpointError(f"tensor 'lm_head.weight' has shape {tuple(lm_head.shape)}, expected {(V, D)}")
+    return None
+  Vr = int(Vr)
+  if lm_head is None or not reader.has("d2t"):
+    raise CheckpointError(f"config says draft_vocab_size={Vr} but the checkpoint lacks an untied "
+                          "'lm_head.weight' or the 'd2t' map (draft row -> target token id)")
+  d2t = np.asarray(reader.get("d2t")).astype(np.int64)
+  if tuple(lm_head.shape) != (Vr, D) or d2t.shape != (Vr,):
+    raise CheckpointError(f"draft_vocab_size={Vr} but 'lm_head.weight' is {tuple(lm_head.shape)} and 'd2t' "
+                          f"{d2t.shape}: expected {(Vr, D)} and {(Vr,)}")
+  if d2t.min() < 0 or d2t.max() >= V or len(np.unique(d2t)) != Vr:
+    raise CheckpointError(f"'d2t' must hold {Vr} distinct target ids in [0, {V})")
+  return d2t

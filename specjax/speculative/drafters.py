@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, sampling
+from specjax import decode, model as model_lib, sampling
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache, compact, init_cache
 from specjax.speculative import tree_shapes
@@ -100,6 +100,14 @@ class NoDrafter:
     return state
 
 
+def _target_vocab(params, logits_BxTxVr):
+  """A draft model's logits over the target's vocabulary: a reduced head (``head_ids`` in its params) has
+  its rows scattered back to their target ids, every other token at probability 0."""
+  if "head_ids" not in params:
+    return logits_BxTxVr
+  return model_lib.scatter_to_vocab(logits_BxTxVr, params["head_ids"], params["embed"].shape[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter:
   """Tree drafting with a small model that shares the target's tokenizer.
@@ -132,7 +140,7 @@ class ModelDrafter:
     pos = start[:, None] + jnp.arange(2)[None, :]
     out = decode.windowed_forward(params, self.cfg, jnp.stack([prev_B, last_B], axis=1), pos,
                                   cache.with_lengths(start), buckets=self.buckets)
-    return out.logits[:, 1], None, out.cache.with_lengths(lengths_B)
+    return _target_vocab(params, out.logits[:, 1]), None, out.cache.with_lengths(lengths_B)
 
   def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
     """Forward W nodes at one depth, each written at its slot after the committed length: (logits [B,W,V],
@@ -140,7 +148,7 @@ class ModelDrafter:
     pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
     out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
                                   region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW)
-    return out.logits, None, out.cache.with_lengths(cache.lengths)
+    return _target_vocab(params, out.logits), None, out.cache.with_lengths(cache.lengths)
 
   def _with_cache(self, state, cache: KVCache):
     """The drafter state after a propose whose forwards left ``cache`` (a plain model's state is its cache)."""

@@ -143,8 +143,7 @@ def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.
   other token at ``model.MASK_VALUE`` (probability exactly 0 after softmax)."""
   if not ecfg.reduced:
     return logits_BxTxVr
-  full = jnp.full(logits_BxTxVr.shape[:-1] + (ecfg.target.vocab_size,), model_lib.MASK_VALUE, jnp.float32)
-  return full.at[..., params["head_ids"]].set(logits_BxTxVr)
+  return model_lib.scatter_to_vocab(logits_BxTxVr, params["head_ids"], ecfg.target.vocab_size)
 
 
 def previous_features(feats_BxTxF: jax.Array) -> jax.Array:

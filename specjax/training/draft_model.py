@@ -2,7 +2,10 @@
 
 The draft has the target's width, heads and tokenizer and a few layers, initialised from a subset of the
 target's own layers (so it starts as the layer-skip drafter and learns from there), with the target's
-embedding, head and final norm (the embedding/head optionally frozen).  Trained on the same stored data as
+embedding, head and final norm (the embedding/head optionally frozen).  With a reduced vocabulary the head
+keeps only ``head_ids`` (the target tokens most frequent on the training data, as for the feature drafter):
+its logits are over those rows, and the engine scatters them back to target ids with every other token at
+probability zero, so the rejection rule stays lossless.  Trained on the same stored data as
 the feature drafter: the target's distribution at each position comes from its stored final hidden state
 through its head, so every divergence of ``losses`` is exact.  Exported as a Hugging Face Llama directory
 (config.json, model.safetensors, tokenizer files) that ``--drafter model --draft DIR`` loads like any other
@@ -24,24 +27,32 @@ from specjax.kv_cache import init_cache
 from specjax.training import losses
 
 
-def draft_config(target_cfg, layers: tuple[int, ...]):
-  return target_cfg.replace(name=f"{target_cfg.name}-draft{len(layers)}", num_layers=len(layers))
+def draft_config(target_cfg, layers: tuple[int, ...], reduced: bool = False):
+  """The draft's config: the target's with ``len(layers)`` layers; a reduced head is its own (untied) matrix.
+  ``vocab_size`` stays the target's: the embedding reads target ids."""
+  cfg = target_cfg.replace(name=f"{target_cfg.name}-draft{len(layers)}", num_layers=len(layers))
+  return cfg.replace(tie_embeddings=False) if reduced else cfg
 
 
-def init_from_target(target_params, layers: tuple[int, ...]) -> dict:
-  """Draft parameters: the target's layers ``layers`` (copied), its embedding, final norm (and head)."""
+def init_from_target(target_params, layers: tuple[int, ...], head_ids=None) -> dict:
+  """Draft parameters: the target's layers ``layers`` (copied), its embedding, final norm (and head; only
+  the rows ``head_ids`` [Vr] for a reduced vocabulary, kept as ``head_ids``)."""
   stacked = model_lib.stack_layers(target_params)["layers"]
   idx = np.asarray(layers)
   out = {"embed": target_params["embed"], "final_norm": jnp.array(target_params["final_norm"]),
          "layers": jax.tree_util.tree_map(lambda x: jnp.array(np.asarray(x)[idx]), stacked)}
-  if "lm_head" in target_params:
+  head = target_params.get("lm_head", target_params["embed"])
+  if head_ids is not None:
+    ids = jnp.asarray(np.asarray(head_ids), jnp.int32)
+    out["lm_head"], out["head_ids"] = jnp.take(head, ids, axis=0), ids
+  elif "lm_head" in target_params:
     out["lm_head"] = target_params["lm_head"]
   return out
 
 
 def split(params: dict, freeze_embeddings: bool) -> tuple[dict, dict]:
-  """(trainable, frozen)."""
-  frozen_keys = {"embed", "lm_head"} if freeze_embeddings else set()
+  """(trainable, frozen); a reduced head's ``head_ids`` are always frozen."""
+  frozen_keys = ({"embed", "lm_head"} if freeze_embeddings else set()) | {"head_ids"}
   return ({k: v for k, v in params.items() if k not in frozen_keys},
           {k: v for k, v in params.items() if k in frozen_keys})
 
@@ -56,9 +67,10 @@ def train_forward(params, cfg, batch):
   return out.logits
 
 
-def loss_fn(trainable, frozen, cfg, kind: str, batch, target_head):
+def loss_fn(trainable, frozen, cfg, kind: str, batch, target_head, t2d=None):
   """(loss, metrics): ``kind`` (ce | fkl | rkl | jsd | tvd) against the target's distribution at each
-  response position."""
+  response position.  With a reduced vocabulary ``target_head`` holds the same rows as the draft's head (the
+  target's distribution restricted to them) and ``t2d`` [V] maps target ids to rows (-1 outside), for ce."""
   logits = train_forward({**trainable, **frozen}, cfg, batch)
   p_logits = jax.lax.stop_gradient(jnp.einsum("btd,vd->btv", batch["final"].astype(jnp.float32), target_head))
   B, T, V = logits.shape
@@ -66,7 +78,9 @@ def loss_fn(trainable, frozen, cfg, kind: str, batch, target_head):
   q, p = logits.reshape(B * T, V), p_logits.reshape(B * T, V)
   if kind == "ce":
     nxt = jnp.concatenate([batch["tokens"][:, 1:], jnp.zeros((B, 1), jnp.int32)], axis=1).reshape(B * T)
-    loss = losses.cross_entropy(nxt, q, m)
+    if t2d is not None:
+      nxt = t2d[nxt]
+    loss = losses.cross_entropy(jnp.maximum(nxt, 0), q, m & (nxt >= 0))
   else:
     loss = losses.divergence(kind, p, q, m)
   top1 = jnp.sum((jnp.argmax(q, -1) == jnp.argmax(p, -1)) & m) / jnp.maximum(jnp.sum(m), 1)
@@ -83,6 +97,9 @@ def export_hf(path: str | Path, cfg, params: dict, tokenizer, *, training: dict 
   tensors = {"model.embed_tokens.weight": g(params["embed"]), "model.norm.weight": g(params["final_norm"])}
   if not cfg.tie_embeddings:
     tensors["lm_head.weight"] = g(params["lm_head"])
+  reduced = "head_ids" in params
+  if reduced:    # EAGLE-3's convention: d2t maps a draft row to its target token id
+    tensors["d2t"] = np.asarray(params["head_ids"], np.int64)
   L = params["layers"]
   for i in range(cfg.num_layers):
     q, k, v = np.split(np.asarray(L["w_qkv"][i]), [H * E, (H + K) * E], axis=0)
@@ -101,6 +118,8 @@ def export_hf(path: str | Path, cfg, params: dict, tokenizer, *, training: dict 
             "max_position_embeddings": cfg.max_position, "bos_token_id": cfg.bos_token_id,
             "eos_token_id": list(cfg.eos_token_ids), "torch_dtype": "float32",
             "specjax_drafter": "model", "specjax_training": training or {}}
+  if reduced:
+    config["draft_vocab_size"] = int(np.shape(params["head_ids"])[0])
   tmp = path.with_name(path.name + ".tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)

@@ -127,6 +127,19 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   return summary
 
 
+def _reduced_head(store, cfg, size: int):
+  """(head_ids [size]: the target tokens most frequent on the stored data, sorted; t2d [V]: target id ->
+  row, -1 outside) for a reduced draft vocabulary."""
+  from specjax.training import eagle_train
+  counts = eagle_train.token_counts(store, cfg.vocab_size)
+  head_ids = eagle_train.reduced_vocabulary(counts, size, always=cfg.eos_token_ids)
+  covered = float(np.isin(np.asarray(store.topk_ids[:, 0]), head_ids).mean())
+  _log(f"reduced vocabulary: {size} tokens cover {covered:.4f} of the target's first choices")
+  t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
+      jnp.arange(len(head_ids), dtype=jnp.int32))
+  return head_ids, t2d
+
+
 def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = False, model_name: str = "",
                    features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
                    loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
@@ -150,14 +163,7 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   except ValueError as e:
     raise SpecjaxError(str(e)) from e
   store = eagle_train.FeatureData(data_dir)
-  head_ids = t2d = None
-  if ecfg.reduced:
-    counts = eagle_train.token_counts(store, cfg.vocab_size)
-    head_ids = eagle_train.reduced_vocabulary(counts, reduced_vocab, always=cfg.eos_token_ids)
-    covered = float(np.isin(np.asarray(store.topk_ids[:, 0]), head_ids).mean())
-    _log(f"reduced vocabulary: {reduced_vocab} tokens cover {covered:.4f} of the target's first choices")
-    t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
-        jnp.arange(len(head_ids), dtype=jnp.int32))
+  head_ids, t2d = _reduced_head(store, cfg, reduced_vocab) if ecfg.reduced else (None, None)
   frozen = {**eagle.frozen_from_target(ecfg, target_params, head_ids), "t2d": t2d}
   seed = fit_kw.get("seed", 0)
   params0 = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed))
@@ -278,9 +284,10 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
                       data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
                       extra_prompts: Sequence[str] = (), gen_batch_size: int = 32,
                       layers: Sequence[int] = (0, 1, 2, 3), freeze_embeddings: bool = True, loss: str = "fkl",
-                      mesh: str | None = None, **fit_kw) -> dict:
+                      reduced_vocab: int = 0, mesh: str | None = None, **fit_kw) -> dict:
   """Distil a small Llama draft model (the target's ``layers`` to start from, its embedding and head, frozen
-  or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``."""
+  or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``.
+  ``reduced_vocab``: 0 = the target's vocabulary, else a head of that many most frequent tokens."""
   from specjax import api
   from specjax.checkpoints import drafter_io
   from specjax.training import draft_model, eagle_train, losses
@@ -299,18 +306,28 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
                gen_batch_size=gen_batch_size, seed=fit_kw.get("seed", 0))
   store = eagle_train.FeatureData(ddir)
-  dcfg = draft_model.draft_config(m.cfg, layers)
-  trainable, frozen = draft_model.split(draft_model.init_from_target(m.params, layers), freeze_embeddings)
+  if not 0 <= reduced_vocab <= m.cfg.vocab_size:
+    raise SpecjaxError(f"reduced_vocab={reduced_vocab}: use 1..{m.cfg.vocab_size} tokens, or 0 for all")
+  reduced = 0 < reduced_vocab < m.cfg.vocab_size
+  head_ids, t2d = _reduced_head(store, m.cfg, reduced_vocab) if reduced else (None, None)
+  dcfg = draft_model.draft_config(m.cfg, layers, reduced)
+  trainable, frozen = draft_model.split(draft_model.init_from_target(m.params, layers, head_ids),
+                                        freeze_embeddings)
   head = m.params["embed"] if m.cfg.tie_embeddings else m.params["lm_head"]
+  if reduced:      # the target's distribution restricted to the draft's rows
+    head = jnp.take(head, jnp.asarray(head_ids), axis=0)
+  aux = {"head": head, **({"t2d": t2d} if reduced else {})}
 
   def loss_of(tr, fz, batch):
-    return draft_model.loss_fn(tr, {k: v for k, v in fz.items() if k != "head"}, dcfg, loss, batch, fz["head"])
+    return draft_model.loss_fn(tr, {k: v for k, v in fz.items() if k not in aux}, dcfg, loss, batch, fz["head"],
+                               fz.get("t2d"))
 
   settings = dict(kind="model", model=model, data_dir=str(ddir), layers=list(layers),
-                  freeze_embeddings=freeze_embeddings, loss=loss)
-  res = _fit(loss_of, trainable, {**frozen, "head": head}, store, store.final, run_dir=run, resume=resume,
+                  freeze_embeddings=freeze_embeddings, loss=loss, reduced_vocab=reduced_vocab if reduced else 0)
+  res = _fit(loss_of, trainable, {**frozen, **aux}, store, store.final, run_dir=run, resume=resume,
              fingerprint={"drafter": "model", "target": model, "layers": list(layers), "loss": loss,
-                          "freeze_embeddings": freeze_embeddings}, settings=settings, mesh=m.mesh, **fit_kw)
+                          "freeze_embeddings": freeze_embeddings, "reduced_vocab": reduced_vocab if reduced else 0},
+             settings=settings, mesh=m.mesh, **fit_kw)
   params = {**jax.device_get(res["params"]), **frozen}
   out = draft_model.export_hf(run / "drafter", dcfg, params, m.tokenizer,
                               training={**res["settings"], "train_s": res["train_s"]})
