@@ -24,8 +24,9 @@ def drafter_table(model: str = "smollm2-135m", prompts: str = "specjax-prompts",
                   per_category: int = 4, drafters=({"label": "ngram", "drafter": "ngram", "k": 5},),
                   max_new_tokens: int = 128, max_len: int = 2048, repeats: int = 1, log=print) -> dict:
   """``categories``: one table column each (a Spec-Bench group such as ``mt_bench`` counts as one), with
-  ``per_category`` prompts spread over its sub-categories.  ``drafters``: dicts with a ``label`` and ``speculative_method`` settings (``drafter``, ``k``, ``tree``,
-  ``draft``: a model name/path for ``model``, a trained drafter's directory for ``eagle``, ...)."""
+  ``per_category`` prompts spread over its sub-categories.  ``drafters``: dicts with a ``label`` and
+  ``speculative_method`` settings (``drafter``, ``k``, ``tree``, ``draft``: a model name/path for ``model``,
+  a trained drafter's directory for ``eagle``, ...)."""
   m = api.load(model)
   eos = tuple(m.tokenizer.eos_token_ids)
   loaded = {}
