@@ -196,3 +196,62 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
 def default_fused_layers(num_layers: int) -> tuple[int, ...]:
   """EAGLE-3's low, middle and high layers: near the bottom, the middle, and a few below the top."""
   return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 4, 0))
+
+
+def merge_stores(sources: Sequence[str | Path], out_dir: str | Path) -> Path:
+  """One data directory holding the sequences of several (``responses.jsonl`` and ``features/`` end to end),
+  so data made at different times trains together.  The sources must come from the same target with the same
+  fused layers and top-k; the merged store is written to a temporary name and renamed when complete."""
+  out_dir = Path(out_dir)
+  metas, records = [], []
+  for src in sources:
+    meta_path = Path(src) / FEATURES / "meta.json"
+    if not meta_path.exists():
+      raise SpecjaxError(f"{src} has no complete feature store: finish its data stages first")
+    metas.append(json.loads(meta_path.read_text()))
+    records.append(read_responses(Path(src) / RESPONSES))
+    if len(records[-1]) != metas[-1]["sequences"]:
+      raise SpecjaxError(f"{src}: responses.jsonl has {len(records[-1])} records but the feature store "
+                         f"{metas[-1]['sequences']} sequences: recompute its features")
+  same = ("target_config", "d_model", "vocab_size", "fused_layers", "top_k")
+  for src, meta in zip(sources[1:], metas[1:]):
+    diff = [k for k in same if meta.get(k) != metas[0].get(k)]
+    if diff:
+      raise SpecjaxError(f"{src} differs from {sources[0]} in {', '.join(diff)}: only stores of one target "
+                         "and one feature layout merge")
+  if (out_dir / FEATURES / "meta.json").exists():
+    raise SpecjaxError(f"{out_dir} already holds a feature store: choose another directory")
+  out_dir.mkdir(parents=True, exist_ok=True)
+  tmp = out_dir / (FEATURES + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir()
+  load = lambda src, name: np.load(Path(src) / FEATURES / name, mmap_mode="r")
+  for name in ("tokens.npy", "final.npy", "fused.npy", "topk_ids.npy", "topk_logp.npy", "prompt_lens.npy"):
+    parts = [load(src, name) for src in sources]
+    shape = (sum(len(a) for a in parts),) + parts[0].shape[1:]
+    dst = np.lib.format.open_memmap(tmp / name, "w+", parts[0].dtype, shape)
+    at = 0
+    for a in parts:
+      for i in range(0, len(a), 1 << 16):          # in slices: the stores can be larger than memory
+        piece = a[i:i + (1 << 16)]
+        dst[at + i:at + i + len(piece)] = piece
+      at += len(a)
+    dst.flush()
+    del dst
+  offsets, base = [np.zeros(1, np.int64)], 0
+  for src in sources:
+    off = np.asarray(load(src, "offsets.npy"))
+    offsets.append(off[1:] + base)
+    base += int(off[-1])
+  np.save(tmp / "offsets.npy", np.concatenate(offsets))
+  meta = {**metas[0], "sequences": sum(m["sequences"] for m in metas), "tokens": base,
+          "response_tokens": sum(m["response_tokens"] for m in metas),
+          "max_abs_feature": max(m["max_abs_feature"] for m in metas), "merged_from": [str(s) for s in sources]}
+  (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+  with (out_dir / (RESPONSES + ".tmp")).open("w", encoding="utf-8") as f:
+    for i, (src, recs) in enumerate(zip(sources, records)):     # ids stay distinct across the sources
+      for r in recs:
+        f.write(json.dumps({**r, "id": f"{i}:{Path(src).name}:{r['id']}"}, ensure_ascii=False) + "\n")
+  os.replace(out_dir / (RESPONSES + ".tmp"), out_dir / RESPONSES)
+  os.replace(tmp, out_dir / FEATURES)
+  return out_dir

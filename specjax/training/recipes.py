@@ -42,7 +42,7 @@ def _check_settings(recipe: str, kw: dict, *fns) -> None:
 
 
 _INTERNAL = {"target_params", "cfg", "loss_of", "params0", "frozen", "store", "feats", "fingerprint", "settings",
-             "fit_kw", "model_name", "run_dir", "resume", "data_dir"}
+             "fit_kw", "model_name", "run_dir", "resume", "data_dir", "init"}
 
 
 def _load_target(model: str, mesh: str | None):
@@ -54,35 +54,60 @@ def _load_target(model: str, mesh: str | None):
   return m
 
 
-def default_data_dir(model: str, num_prompts: int, max_new_tokens: int) -> Path:
+def default_data_dir(model: str, num_prompts: int, max_new_tokens: int, chat_prompts: int = 0,
+                     passage_prompts: int = 0) -> Path:
   from specjax.cache_location import cache_dir
   safe = model.replace("/", "_")
-  return cache_dir() / "distill" / f"{safe}-p{num_prompts}-n{max_new_tokens}"
+  mix = f"-c{chat_prompts}-t{passage_prompts}" if chat_prompts or passage_prompts else ""
+  return cache_dir() / "distill" / f"{safe}-p{num_prompts}{mix}-n{max_new_tokens}"
 
 
 def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, extra_prompts: Sequence[str],
-                 gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512) -> Path:
-  """Stages 1-2 of the data, skipped when already complete."""
+                 gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512, chat_prompts: int = 0,
+                 passage_prompts: int = 0) -> Path:
+  """Stages 1-2 of the data, skipped when already complete.
+
+  The prompts: ``num_prompts`` short synthesized questions (``synth_prompts``), ``chat_prompts`` chat-style
+  requests (``chat_prompts.chat_requests``), the records of each ``extra_prompts`` file, and then
+  ``passage_prompts`` tasks (summarize, translate, extract...) over the target's replies to those, answered
+  in a second round."""
+  from specjax import api
   from specjax.prompts import load_prompts
-  from specjax.training import data, synth_prompts
+  from specjax.training import chat_prompts as chat_lib, data, synth_prompts
   feats = data_dir / data.FEATURES / "meta.json"
   if feats.exists():
     return data_dir
-  prompts = synth_prompts.synthesize(num_prompts, seed=seed)
+  prompts = synth_prompts.synthesize(num_prompts, seed=seed) + chat_lib.chat_requests(chat_prompts, seed=seed)
   for path in extra_prompts:
     for p in load_prompts(path):
       prompts.append({"id": f"{Path(path).name}:{p.question_id}", "category": p.category, "prompt": p.text})
+  if not prompts:
+    raise SpecjaxError("no training prompts: set num_prompts, chat_prompts or extra_prompts")
   _log(f"data: {len(prompts)} prompts -> {data_dir}")
-  data.generate_responses(m, prompts, data_dir, max_new_tokens=max_new_tokens, batch_size=gen_batch_size,
-                          seed=seed, max_len=max_len)
+  gen = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch_size, seed=seed, max_len=max_len)
+  data.generate_responses(m, prompts, data_dir, **gen)
+  if passage_prompts:
+    first = {p["id"] for p in prompts}
+    # The first round's replies, in id order (the file's order depends on where a killed run resumed).
+    replies = sorted((r for r in data.read_responses(data_dir / data.RESPONSES) if r["id"] in first),
+                     key=lambda r: r["id"])
+    passages = [m.tokenizer.decode(r["response_ids"]) for r in replies]
+    tasks = chat_lib.passage_requests(passages, passage_prompts, seed=seed,
+                                      max_chars=4 * (max_len - max_new_tokens - 48))
+    fits = [len(e) + max_new_tokens <= max_len for e in api.encode_prompts(m, [t["prompt"] for t in tasks])]
+    tasks = [t for t, ok in zip(tasks, fits) if ok]
+    _log(f"data: {len(tasks)} tasks over the target's replies -> {data_dir}")
+    data.generate_responses(m, tasks, data_dir, **gen)
   data.compute_features(m, data_dir, fused_layers=fused_layers)
   return data_dir
 
 
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
+                chat_prompts: int = 0, passage_prompts: int = 0,
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
-                eval_positions: int = 5, mesh: str | None = None, **train_kw) -> dict:
+                eval_positions: int = 5, mesh: str | None = None, init_from: str | None = None,
+                **train_kw) -> dict:
   """Train an EAGLE-style feature drafter for ``model``: data (once per data directory), training
   (``train_eagle_on``'s settings), export to RUN_DIR/drafter, held-out evaluation; returns a summary (also
   written to summary.json).
@@ -90,7 +115,8 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
   middle / high).  The data directory defaults to the specjax cache (shared by every run on that data).
   ``mesh`` ('DATAxMODEL'): the target (data generation, its feature pass) sharded over it, and training
-  data-parallel on it (``_fit``).
+  data-parallel on it (``_fit``).  ``init_from``: an exported drafter to continue from (fine-tuning on new
+  data: its weights and its reduced vocabulary; its features and vocabulary size must match the settings).
   """
   from specjax import api
   from specjax.checkpoints import drafter_io
@@ -103,17 +129,31 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   t0 = time.perf_counter()
   m = _load_target(model, mesh)
   fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
-  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  ddir = (Path(data_dir).expanduser() if data_dir
+          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
+               chat_prompts=chat_prompts, passage_prompts=passage_prompts,
                gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
   data_s = time.perf_counter() - t0
+  init = None
+  if init_from:
+    ecfg0, params0, _ = drafter_io.load_drafter(init_from, m.cfg, m.params, m.tokenizer, model)
+    want = (tuple(fused) if features == "fused" else (), int(train_kw.get("reduced_vocab", 0)))
+    if (ecfg0.feature_layers, ecfg0.head_size if ecfg0.reduced else 0) != want:
+      raise SpecjaxError(f"init_from {init_from} reads layers {list(ecfg0.feature_layers)} with a "
+                         f"{ecfg0.head_size}-token head; the settings ask for {list(want[0])} and reduced_vocab "
+                         f"{want[1]}: make them match the drafter")
+    init = ({k: v for k, v in params0.items() if k not in ("embed", "lm_head", "head_ids")},
+            None if "head_ids" not in params0 else np.asarray(params0["head_ids"]))
+    _log(f"starting from the drafter in {init_from}")
   res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=run, resume=resume, features=features,
-                       fused_layers=fused, model_name=model, mesh=m.mesh, **train_kw)
+                       fused_layers=fused, model_name=model, mesh=m.mesh, init=init, **train_kw)
   ecfg, store = res["ecfg"], res["store"]
   params = jax.device_get(res["params"])
   out = drafter_io.save_drafter(run / "drafter", ecfg, params, target_name=model, tokenizer=m.tokenizer,
                                 head_ids=res["head_ids"],
-                                training={**res["settings"], "train_tokens": int(store.meta["tokens"]),
+                                training={**res["settings"], "init_from": init_from,
+                                          "train_tokens": int(store.meta["tokens"]),
                                           "sequences": store.num_sequences, "train_s": res["train_s"]})
   _log(f"exported {out}")
   ev = evaluate.tvd_by_position(m, ecfg, {**params, **res["frozen"]}, store, res["held_idx"],
@@ -122,7 +162,7 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
              "train_s": res["train_s"], "steps": res["settings"]["steps"], "final_loss": res["final_loss"],
              "train_sequences": res["train_sequences"], "held_out_sequences": int(len(res["held_idx"])),
              "data_tokens": int(store.meta["tokens"]), "response_tokens": int(store.meta["response_tokens"]),
-             **ev, "settings": res["settings"]}
+             **ev, "settings": {**res["settings"], "init_from": init_from}}
   (run / "summary.json").write_text(json.dumps(summary, indent=1))
   return summary
 
@@ -135,17 +175,21 @@ def _reduced_head(store, cfg, size: int):
   head_ids = eagle_train.reduced_vocabulary(counts, size, always=cfg.eos_token_ids)
   covered = float(np.isin(np.asarray(store.topk_ids[:, 0]), head_ids).mean())
   _log(f"reduced vocabulary: {size} tokens cover {covered:.4f} of the target's first choices")
-  t2d = jnp.full((cfg.vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
+  return head_ids, _t2d(head_ids, cfg.vocab_size)
+
+
+def _t2d(head_ids, vocab_size: int) -> jax.Array:
+  """target id -> row of the reduced head, -1 outside it."""
+  return jnp.full((vocab_size,), -1, jnp.int32).at[jnp.asarray(head_ids)].set(
       jnp.arange(len(head_ids), dtype=jnp.int32))
-  return head_ids, t2d
 
 
 def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = False, model_name: str = "",
                    features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
                    loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
-                   step_decay: float = 1.0, **fit_kw) -> dict:
+                   step_decay: float = 1.0, init=None, **fit_kw) -> dict:
   """The training stage on an existing feature store (``_fit``'s settings: steps, batch, optimizer,
-  checkpoints).
+  checkpoints).  ``init``: (trainable parameters, head_ids or None) to start from instead of a fresh drafter.
 
   ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.  ``loss``: ce | fkl |
   rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression; ``unroll`` > 1 trains on
@@ -163,10 +207,15 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   except ValueError as e:
     raise SpecjaxError(str(e)) from e
   store = eagle_train.FeatureData(data_dir)
-  head_ids, t2d = _reduced_head(store, cfg, reduced_vocab) if ecfg.reduced else (None, None)
+  if init is not None and ecfg.reduced:
+    head_ids, t2d = init[1], _t2d(init[1], cfg.vocab_size)
+  else:
+    head_ids, t2d = _reduced_head(store, cfg, reduced_vocab) if ecfg.reduced else (None, None)
   frozen = {**eagle.frozen_from_target(ecfg, target_params, head_ids), "t2d": t2d}
   seed = fit_kw.get("seed", 0)
-  params0 = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed))
+  # (a copy of ``init``: the train step donates its state)
+  params0 = (eagle.init_trainable(ecfg, jax.random.PRNGKey(seed)) if init is None
+             else jax.tree.map(lambda x: jnp.array(x, jnp.float32), init[0]))
 
   def loss_of(trainable, frozen, batch):
     fz = {k: v for k, v in frozen.items() if k != "t2d"}
@@ -282,9 +331,10 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
 
 def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m",
                       data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
-                      extra_prompts: Sequence[str] = (), gen_batch_size: int = 32,
-                      layers: Sequence[int] = (0, 1, 2, 3), freeze_embeddings: bool = True, loss: str = "fkl",
-                      reduced_vocab: int = 0, mesh: str | None = None, **fit_kw) -> dict:
+                      extra_prompts: Sequence[str] = (), chat_prompts: int = 0, passage_prompts: int = 0,
+                      gen_batch_size: int = 32, layers: Sequence[int] = (0, 1, 2, 3),
+                      freeze_embeddings: bool = True, loss: str = "fkl", reduced_vocab: int = 0,
+                      mesh: str | None = None, **fit_kw) -> dict:
   """Distil a small Llama draft model (the target's ``layers`` to start from, its embedding and head, frozen
   or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``.
   ``reduced_vocab``: 0 = the target's vocabulary, else a head of that many most frequent tokens."""
@@ -302,8 +352,10 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   layers = tuple(int(i) for i in layers)
   if not layers or any(not 0 <= i < m.cfg.num_layers for i in layers):
     raise SpecjaxError(f"layers {list(layers)}: give indices in [0, {m.cfg.num_layers})")
-  ddir = Path(data_dir).expanduser() if data_dir else default_data_dir(model, num_prompts, max_new_tokens)
+  ddir = (Path(data_dir).expanduser() if data_dir
+          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
+               chat_prompts=chat_prompts, passage_prompts=passage_prompts,
                gen_batch_size=gen_batch_size, seed=fit_kw.get("seed", 0))
   store = eagle_train.FeatureData(ddir)
   if not 0 <= reduced_vocab <= m.cfg.vocab_size:

@@ -1,0 +1,106 @@
+"""More training data for drafters: chat-style and passage requests (deterministic, distinct, sized to fit),
+feature stores merged end to end, and training continued from an exported drafter."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.checkpoints import drafter_io
+from specjax.errors import SpecjaxError
+from specjax.training import chat_prompts, data as data_lib, eagle_train, recipes
+from tests.test_eagle import CFG, _Tok, make_store
+
+
+def test_chat_requests_are_deterministic_distinct_and_varied():
+  a, b = chat_prompts.chat_requests(1500, seed=3), chat_prompts.chat_requests(1500, seed=3)
+  assert a == b and a != chat_prompts.chat_requests(1500, seed=4)
+  texts = [r["prompt"] for r in a]
+  assert len(set(texts)) == len(texts) and len({r["id"] for r in a}) == len(a)
+  kinds = {r["category"] for r in a}
+  assert kinds == {"chat-writing", "chat-persona", "chat-multipart", "chat-code", "chat-math"}
+  assert np.mean([len(t) for t in texts]) > 100       # longer than the one-line synthesized questions
+  assert chat_prompts.chat_requests(0) == []
+
+
+def test_clip_passage_cuts_at_a_sentence_end():
+  text = "First sentence here. Second one is longer than that! Third? " * 5
+  cut = chat_prompts.clip_passage(text, 70)
+  assert len(cut) <= 70 and cut.endswith(("!", ".", "?")) and text.startswith(cut)
+  assert chat_prompts.clip_passage("short text.", 70) == "short text."
+  nostop = "word " * 40
+  cut = chat_prompts.clip_passage(nostop, 50)
+  assert len(cut) <= 50 and cut.endswith("word")
+
+
+def test_passage_requests_fit_and_name_their_task():
+  passages = [f"Paragraph {i} talks about gardens. " * 30 for i in range(20)] + ["too short"]
+  a = chat_prompts.passage_requests(passages, 200, seed=1, max_chars=600)
+  assert a == chat_prompts.passage_requests(passages, 200, seed=1, max_chars=600)
+  assert len({r["prompt"] for r in a}) == 200
+  tags = {r["category"] for r in a}
+  assert {"passage-summarize", "passage-translate", "passage-qa"} <= tags
+  for r in a:
+    assert "too short" not in r["prompt"]
+    extra = 160 if r["category"] != "passage-translate" else 60    # the instruction around the passage
+    assert len(r["prompt"]) <= (600 if r["category"] != "passage-translate" else 200) + extra
+  with pytest.raises(ValueError, match="at least 200 characters"):
+    chat_prompts.passage_requests(["tiny"], 3)
+
+
+def test_merged_store_is_the_sources_end_to_end(tmp_path, target_tiny):
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  a = make_store(tmp_path / "a", target_tiny, n=5, seed=0)
+  b = make_store(tmp_path / "b", target_tiny, n=4, seed=1)
+  out = data_lib.merge_stores([a, b], tmp_path / "merged")
+  sa, sb, sm = (eagle_train.FeatureData(d) for d in (a, b, out))
+  assert sm.num_sequences == 9 and sm.meta["tokens"] == sa.meta["tokens"] + sb.meta["tokens"]
+  for name in ("tokens", "final", "fused", "topk_ids", "prompt_lens"):
+    np.testing.assert_array_equal(getattr(sm, name), np.concatenate([getattr(sa, name), getattr(sb, name)]))
+  for s in range(9):
+    src, i = (sa, s) if s < 5 else (sb, s - 5)
+    np.testing.assert_array_equal(sm.tokens[sm.offsets[s]:sm.offsets[s + 1]],
+                                  src.tokens[src.offsets[i]:src.offsets[i + 1]])
+  ids = [json.loads(l)["id"] for l in (out / "responses.jsonl").read_text().splitlines()]
+  assert len(ids) == 9 and len(set(ids)) == 9
+  with pytest.raises(SpecjaxError, match="already holds a feature store"):
+    data_lib.merge_stores([a, b], out)
+  meta = json.loads((b / "features" / "meta.json").read_text())
+  (b / "features" / "meta.json").write_text(json.dumps({**meta, "fused_layers": [1, 2]}))
+  with pytest.raises(SpecjaxError, match="fused_layers"):
+    data_lib.merge_stores([a, b], tmp_path / "other")
+  assert not (tmp_path / "other" / "features").exists()
+
+
+@pytest.fixture(scope="module")
+def target_tiny():
+  from specjax import model
+  return model.init_params(CFG, jax.random.PRNGKey(0))
+
+
+def test_training_continues_from_an_exported_drafter(tmp_path, target_tiny, monkeypatch):
+  """``init``: the run starts from the given weights and keeps the given reduced vocabulary (with a learning
+  rate of 1e-9 the weights come back as they went in; a fresh run's do not)."""
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  d = make_store(tmp_path, target_tiny, n=8)
+  tok = _Tok(CFG.vocab_size)
+  kw = dict(steps=2, batch_size=2, seq_len=64, warmup_steps=1, log_every=1, progress=False, reduced_vocab=16)
+  first = recipes.train_eagle_on(target_tiny, CFG, data_dir=d, run_dir=tmp_path / "first", learning_rate=3e-2,
+                                 **kw)
+  ecfg = first["ecfg"]
+  head_ids = (np.arange(16) * 3 + 1).astype(np.int32)            # not the store's most frequent tokens
+  saved = drafter_io.save_drafter(tmp_path / "exported", ecfg, jax.device_get(first["params"]),
+                                  target_name="tiny", tokenizer=tok, head_ids=head_ids)
+  _, loaded, _ = drafter_io.load_drafter(saved, CFG, target_tiny, tok)
+  trainable = {k: v for k, v in loaded.items() if k not in ("embed", "lm_head", "head_ids")}
+  again = recipes.train_eagle_on(target_tiny, CFG, data_dir=d, run_dir=tmp_path / "again", learning_rate=1e-9,
+                                 init=(trainable, np.asarray(loaded["head_ids"])), **kw)
+  np.testing.assert_array_equal(np.asarray(again["head_ids"]), head_ids)
+  for x, y in zip(jax.tree.leaves(trainable), jax.tree.leaves(again["params"])):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6)
+  fresh = recipes.train_eagle_on(target_tiny, CFG, data_dir=d, run_dir=tmp_path / "fresh", learning_rate=1e-9,
+                                 **kw)
+  leaves = lambda p: jax.tree.leaves(p)
+  assert any(np.abs(np.asarray(x) - np.asarray(y)).max() > 1e-3
+             for x, y in zip(leaves(fresh["params"]), leaves(again["params"])))
