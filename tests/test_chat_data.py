@@ -104,3 +104,17 @@ def test_training_continues_from_an_exported_drafter(tmp_path, target_tiny, monk
   leaves = lambda p: jax.tree.leaves(p)
   assert any(np.abs(np.asarray(x) - np.asarray(y)).max() > 1e-3
              for x, y in zip(leaves(fresh["params"]), leaves(again["params"])))
+
+
+def test_questions_the_target_wrote_become_prompts():
+  from specjax.training import synth_prompts
+  replies = ['"How do solar panels turn sunlight into electricity?"\n\nThis question asks...',
+             "\n\nQuestion: What should I pack for a first camping trip?",
+             "**Request:** Please plan a one-week running schedule for a beginner.",
+             "ok", "x" * 500,
+             "How do solar panels turn sunlight into electricity?"]
+  assert synth_prompts.questions_from_replies(replies) == [
+      "How do solar panels turn sunlight into electricity?", "What should I pack for a first camping trip?",
+      "Please plan a one-week running schedule for a beginner."]
+  seeds = synth_prompts.self_written_seed_prompts(40, seed=1)
+  assert len({s["prompt"] for s in seeds}) == 40 and all("Reply with" in s["prompt"] for s in seeds)

@@ -55,29 +55,31 @@ def _load_target(model: str, mesh: str | None):
 
 
 def default_data_dir(model: str, num_prompts: int, max_new_tokens: int, chat_prompts: int = 0,
-                     passage_prompts: int = 0) -> Path:
+                     passage_prompts: int = 0, self_prompts: int = 0) -> Path:
   from specjax.cache_location import cache_dir
   safe = model.replace("/", "_")
-  mix = f"-c{chat_prompts}-t{passage_prompts}" if chat_prompts or passage_prompts else ""
+  mix = (f"-c{chat_prompts}-t{passage_prompts}-s{self_prompts}" if chat_prompts or passage_prompts or self_prompts
+         else "")
   return cache_dir() / "distill" / f"{safe}-p{num_prompts}{mix}-n{max_new_tokens}"
 
 
 def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, extra_prompts: Sequence[str],
                  gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512, chat_prompts: int = 0,
-                 passage_prompts: int = 0) -> Path:
+                 passage_prompts: int = 0, self_prompts: int = 0) -> Path:
   """Stages 1-2 of the data, skipped when already complete.
 
   The prompts: ``num_prompts`` short synthesized questions (``synth_prompts``), ``chat_prompts`` chat-style
-  requests (``chat_prompts.chat_requests``), the records of each ``extra_prompts`` file, and then
-  ``passage_prompts`` tasks (summarize, translate, extract...) over the target's replies to those, answered
-  in a second round."""
+  requests (``chat_prompts.chat_requests``), the records of each ``extra_prompts`` file and ``self_prompts``
+  requests asking the target to write a user's question; then, in a second round, ``passage_prompts`` tasks
+  (summarize, translate, extract...) over the target's replies, and the questions the target wrote."""
   from specjax import api
   from specjax.prompts import load_prompts
   from specjax.training import chat_prompts as chat_lib, data, synth_prompts
   feats = data_dir / data.FEATURES / "meta.json"
   if feats.exists():
     return data_dir
-  prompts = synth_prompts.synthesize(num_prompts, seed=seed) + chat_lib.chat_requests(chat_prompts, seed=seed)
+  prompts = (synth_prompts.synthesize(num_prompts, seed=seed) + chat_lib.chat_requests(chat_prompts, seed=seed)
+             + (synth_prompts.self_written_seed_prompts(self_prompts, seed=seed + 1) if self_prompts else []))
   for path in extra_prompts:
     for p in load_prompts(path):
       prompts.append({"id": f"{Path(path).name}:{p.question_id}", "category": p.category, "prompt": p.text})
@@ -86,17 +88,23 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
   _log(f"data: {len(prompts)} prompts -> {data_dir}")
   gen = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch_size, seed=seed, max_len=max_len)
   data.generate_responses(m, prompts, data_dir, **gen)
-  if passage_prompts:
+  if passage_prompts or self_prompts:
     first = {p["id"] for p in prompts}
     # The first round's replies, in id order (the file's order depends on where a killed run resumed).
     replies = sorted((r for r in data.read_responses(data_dir / data.RESPONSES) if r["id"] in first),
                      key=lambda r: r["id"])
-    passages = [m.tokenizer.decode(r["response_ids"]) for r in replies]
-    tasks = chat_lib.passage_requests(passages, passage_prompts, seed=seed,
-                                      max_chars=4 * (max_len - max_new_tokens - 48))
+    text = {r["id"]: m.tokenizer.decode(r["response_ids"]) for r in replies}
+    tasks = []
+    if passage_prompts:
+      tasks += chat_lib.passage_requests([t for i, t in text.items() if not i.startswith("self-")],
+                                         passage_prompts, seed=seed, max_chars=4 * (max_len - max_new_tokens - 48))
+    if self_prompts:
+      written = synth_prompts.questions_from_replies([t for i, t in text.items() if i.startswith("self-")])
+      tasks += [{"id": f"selfq-{i}", "category": "self-written", "prompt": q} for i, q in enumerate(written)]
     fits = [len(e) + max_new_tokens <= max_len for e in api.encode_prompts(m, [t["prompt"] for t in tasks])]
     tasks = [t for t, ok in zip(tasks, fits) if ok]
-    _log(f"data: {len(tasks)} tasks over the target's replies -> {data_dir}")
+    _log(f"data: {len(tasks)} second-round prompts (tasks over the target's replies, its own questions) -> "
+         f"{data_dir}")
     data.generate_responses(m, tasks, data_dir, **gen)
   data.compute_features(m, data_dir, fused_layers=fused_layers)
   return data_dir
@@ -104,7 +112,7 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
 
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
-                chat_prompts: int = 0, passage_prompts: int = 0,
+                chat_prompts: int = 0, passage_prompts: int = 0, self_prompts: int = 0,
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
                 eval_positions: int = 5, mesh: str | None = None, init_from: str | None = None,
                 **train_kw) -> dict:
@@ -113,7 +121,8 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   written to summary.json).
 
   ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
-  middle / high).  The data directory defaults to the specjax cache (shared by every run on that data).
+  middle / high).  The data directory defaults to the specjax cache (shared by every run on that data); what
+  goes into it: ``num_prompts``, ``chat_prompts``, ``passage_prompts``, ``self_prompts`` (``prepare_data``).
   ``mesh`` ('DATAxMODEL'): the target (data generation, its feature pass) sharded over it, and training
   data-parallel on it (``_fit``).  ``init_from``: an exported drafter to continue from (fine-tuning on new
   data: its weights and its reduced vocabulary; its features and vocabulary size must match the settings).
@@ -130,9 +139,9 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   m = _load_target(model, mesh)
   fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
   ddir = (Path(data_dir).expanduser() if data_dir
-          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts))
+          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts, self_prompts))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
-               chat_prompts=chat_prompts, passage_prompts=passage_prompts,
+               chat_prompts=chat_prompts, passage_prompts=passage_prompts, self_prompts=self_prompts,
                gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
   data_s = time.perf_counter() - t0
   init = None
@@ -332,6 +341,7 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
 def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m",
                       data_dir: str | None = None, num_prompts: int = 2400, max_new_tokens: int = 256,
                       extra_prompts: Sequence[str] = (), chat_prompts: int = 0, passage_prompts: int = 0,
+                      self_prompts: int = 0,
                       gen_batch_size: int = 32, layers: Sequence[int] = (0, 1, 2, 3),
                       freeze_embeddings: bool = True, loss: str = "fkl", reduced_vocab: int = 0,
                       mesh: str | None = None, **fit_kw) -> dict:
@@ -353,9 +363,9 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   if not layers or any(not 0 <= i < m.cfg.num_layers for i in layers):
     raise SpecjaxError(f"layers {list(layers)}: give indices in [0, {m.cfg.num_layers})")
   ddir = (Path(data_dir).expanduser() if data_dir
-          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts))
+          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts, self_prompts))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
-               chat_prompts=chat_prompts, passage_prompts=passage_prompts,
+               chat_prompts=chat_prompts, passage_prompts=passage_prompts, self_prompts=self_prompts,
                gen_batch_size=gen_batch_size, seed=fit_kw.get("seed", 0))
   store = eagle_train.FeatureData(ddir)
   if not 0 <= reduced_vocab <= m.cfg.vocab_size:

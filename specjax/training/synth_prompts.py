@@ -4,12 +4,14 @@ A drafter is trained on what the target says, so the prompts only have to be var
 (explain, write, reason, compute, code, extract, advise, role-play) over many subjects.  Nothing here comes
 from a benchmark; ``synthesize(n, seed)`` is deterministic, and every prompt is distinct.
 
-The target can also write prompts itself (``self_written_seed_prompts`` gives the requests that ask it to;
-``specjax.training.data`` turns its answers into prompts).
+The target can also write prompts itself: ``self_written_seed_prompts`` gives the requests that ask it to,
+``questions_from_replies`` turns its answers into prompts (``recipes.prepare_data`` runs both rounds).
 """
 from __future__ import annotations
 
 import random
+import re
+from typing import Sequence
 
 TOPICS = {
     "science": ["photosynthesis", "black holes", "plate tectonics", "the immune system", "DNA replication",
@@ -193,4 +195,19 @@ def self_written_seed_prompts(n: int, seed: int = 1) -> list[dict]:
       continue
     seen.add(text)
     out.append({"id": f"self-{len(out)}", "category": "self", "prompt": text})
+  return out
+
+
+def questions_from_replies(replies: Sequence[str], min_chars: int = 15, max_chars: int = 400) -> list[str]:
+  """The prompts in the target's answers to ``self_written_seed_prompts``: each answer's first non-empty
+  line, without quotes or a "Question:" label; answers too short or too long to be a request are dropped,
+  and so are repeats."""
+  out, seen = [], set()
+  for text in replies:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.sub(r"^(\*\*)?(question|request|problem)\s*:\s*(\*\*)?\s*", "", line, flags=re.I)
+    line = line.strip().strip('"\u201c\u201d\'*').strip()
+    if min_chars <= len(line) <= max_chars and line not in seen:
+      seen.add(line)
+      out.append(line)
   return out
