@@ -206,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
   _add_mesh(tr)
   tr.add_argument("--json", action="store_true")
 
+  md = sub.add_parser("merge-data", help="one distillation data directory from several (responses and "
+                                          "features end to end), to train on data made at different times")
+  md.add_argument("out", help="the new data directory")
+  md.add_argument("sources", nargs="+", help="data directories with complete feature stores")
+  md.add_argument("--json", action="store_true")
+
   e = sub.add_parser("eval-draft", help="a trained drafter: 1 - TVD per position, measured acceptance under "
                                         "sampling, and greedy speedup against plain decoding")
   e.add_argument("--model", default="smollm2-135m")
@@ -694,6 +700,17 @@ def cmd_train(args) -> int:
   return 0
 
 
+def cmd_merge_data(args) -> int:
+  from specjax.training import data
+  out = data.merge_stores(args.sources, args.out)
+  meta = json.loads((out / data.FEATURES / "meta.json").read_text())
+  res = {"data_dir": str(out), "sequences": meta["sequences"], "tokens": meta["tokens"],
+         "merged_from": meta["merged_from"]}
+  _emit(res, args.json, lambda r: print(f"{r['data_dir']}: {r['sequences']} sequences, {r['tokens']} tokens "
+                                        f"from {len(r['merged_from'])} data directories"))
+  return 0
+
+
 def cmd_eval_draft(args) -> int:
   from specjax.checkpoints import drafter_io
   from specjax.prompts import load_prompts
@@ -746,7 +763,7 @@ def cmd_cache(args) -> int:
 
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
-            "train": cmd_train, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
+            "train": cmd_train, "merge-data": cmd_merge_data, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
             "calibrate": cmd_calibrate, "cost": cmd_cost, "serve-sim": cmd_serve_sim,
             "serve": cmd_serve, "loadgen": cmd_loadgen}
 

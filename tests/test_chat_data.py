@@ -53,7 +53,9 @@ def test_merged_store_is_the_sources_end_to_end(tmp_path, target_tiny):
   (tmp_path / "b").mkdir()
   a = make_store(tmp_path / "a", target_tiny, n=5, seed=0)
   b = make_store(tmp_path / "b", target_tiny, n=4, seed=1)
-  out = data_lib.merge_stores([a, b], tmp_path / "merged")
+  from specjax import cli
+  assert cli.main(["merge-data", str(tmp_path / "merged"), str(a), str(b), "--json"]) == 0
+  out = tmp_path / "merged"
   sa, sb, sm = (eagle_train.FeatureData(d) for d in (a, b, out))
   assert sm.num_sequences == 9 and sm.meta["tokens"] == sa.meta["tokens"] + sb.meta["tokens"]
   for name in ("tokens", "final", "fused", "topk_ids", "prompt_lens"):
