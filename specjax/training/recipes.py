@@ -84,7 +84,7 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
     for p in load_prompts(path):
       prompts.append({"id": f"{Path(path).name}:{p.question_id}", "category": p.category, "prompt": p.text})
   if not prompts:
-    raise SpecjaxError("no training prompts: set num_prompts, chat_prompts or extra_prompts")
+    raise SpecjaxError("no training prompts: set num_prompts, chat_prompts, self_prompts or extra_prompts")
   _log(f"data: {len(prompts)} prompts -> {data_dir}")
   gen = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch_size, seed=seed, max_len=max_len)
   data.generate_responses(m, prompts, data_dir, **gen)
