@@ -83,7 +83,7 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
   new_tokens = 0
   t0 = time.perf_counter()
   with _progress() as bar, path.open("a", encoding="utf-8") as f:
-    task = bar.add_task("target replies", total=len(prompts), completed=len(done_ids), info="")
+    task = bar.add_task("target replies", total=len(prompts), completed=len(prompts) - len(todo), info="")
     for start in range(0, len(order), chunk):
       idx = order[start:start + chunk]
       gens, _ = api.generate(m, [todo[i]["prompt"] for i in idx], max_new_tokens=max_new_tokens,
