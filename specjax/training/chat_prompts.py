@@ -19,7 +19,7 @@ import random
 import re
 from typing import Sequence
 
-from specjax.training.synth_prompts import LANGUAGES, PEOPLE, PLACES, _all_topics
+from specjax.training.synth_prompts import LANGUAGES, PEOPLE, PLACES, _all_topics, distinct_records
 
 FORMS = ["a blog post", "an email", "a short story", "a speech", "a product description", "a cover letter",
          "a lesson plan", "a news article", "a poem", "a dialogue", "a social media post", "an FAQ page",
@@ -145,13 +145,8 @@ def chat_requests(n: int, seed: int = 0) -> list[dict]:
   rng = random.Random(seed)
   topics = _all_topics()
   kinds = ["writing"] * 5 + ["persona"] * 2 + ["multipart"] * 4 + ["code"] * 2 + ["math"] * 2
-  seen: set[str] = set()
-  out: list[dict] = []
-  attempts = 0
-  while len(out) < n:
-    attempts += 1
-    if attempts > 200 * n:
-      raise ValueError(f"could not make {n} distinct chat requests (got {len(out)})")
+
+  def draw():
     kind = rng.choice(kinds)
     t, u = rng.sample(topics, 2)
     if kind == "writing":
@@ -182,11 +177,9 @@ def chat_requests(n: int, seed: int = 0) -> list[dict]:
       text = rng.choice(WORD_PROBLEMS).format(a=a, b=b, a2=rng.randint(2, 9), c=rng.randint(100, 900),
                                               p1=rng.choice([10, 20, 25, 40, 50]), p2=rng.choice([10, 20, 50]),
                                               p=rng.choice(PEOPLE))
-    if text in seen:
-      continue
-    seen.add(text)
-    out.append({"id": f"chat-{len(out)}", "category": f"chat-{kind}", "prompt": text})
-  return out
+    return f"chat-{kind}", text
+
+  return distinct_records(n, draw, "chat", 200 * n, "chat requests")
 
 
 def clip_passage(text: str, max_chars: int) -> str:
@@ -211,21 +204,14 @@ def passage_requests(passages: Sequence[str], n: int, seed: int = 0, max_chars: 
   if not usable:
     raise ValueError("passage_requests needs passages of at least 200 characters")
   rng = random.Random(seed)
-  seen: set[str] = set()
-  out: list[dict] = []
-  attempts = 0
-  while len(out) < n:
-    attempts += 1
-    if attempts > 50 * n:
-      raise ValueError(f"could not make {n} distinct passage tasks from {len(usable)} passages (got {len(out)})")
+
+  def draw():
     src = rng.choice(usable)
     tag, task = rng.choice(PASSAGE_TASKS)
     limit = max_chars // 3 if tag == "translate" else max_chars
     text = clip_passage(src, rng.randint(limit // 2, limit))
     prompt = task.format(text=text, k=rng.choice([1, 2, 3]), lang=rng.choice(HUMAN_LANGUAGES),
                          tone=rng.choice(TONES), word=_keyword(text, rng))
-    if prompt in seen:
-      continue
-    seen.add(prompt)
-    out.append({"id": f"passage-{len(out)}", "category": f"passage-{tag}", "prompt": prompt})
-  return out
+    return f"passage-{tag}", prompt
+
+  return distinct_records(n, draw, "passage", 50 * n, f"passage tasks from {len(usable)} passages")

@@ -139,19 +139,31 @@ def _all_topics() -> list[str]:
   return [t for ts in TOPICS.values() for t in ts]
 
 
+def distinct_records(n: int, draw, prefix: str, max_draws: int, what: str) -> list[dict]:
+  """``n`` records ``{"id": "<prefix>-<i>", "category", "prompt"}`` from ``draw() -> (category, text)``,
+  repeated texts skipped; a ValueError naming ``what`` after ``max_draws`` draws that did not make ``n``."""
+  seen: set[str] = set()
+  out: list[dict] = []
+  for _ in range(max_draws):
+    if len(out) == n:
+      break
+    category, text = draw()
+    if text not in seen:
+      seen.add(text)
+      out.append({"id": f"{prefix}-{len(out)}", "category": category, "prompt": text})
+  if len(out) < n:
+    raise ValueError(f"could not make {n} distinct {what} (got {len(out)})")
+  return out
+
+
 def synthesize(n: int, seed: int = 0) -> list[dict]:
   """``n`` distinct prompts as ``{"id", "category", "prompt"}`` records (the project's prompt format)."""
   rng = random.Random(seed)
   topics = _all_topics()
   kinds = (["explain"] * 4 + ["writing"] * 3 + ["lists"] * 2 + ["compare", "roleplay", "roleplay", "advice",
            "math", "math", "reasoning", "coding", "coding", "extraction"])
-  seen: set[str] = set()
-  out: list[dict] = []
-  attempts = 0
-  while len(out) < n:
-    attempts += 1
-    if attempts > 200 * n:
-      raise ValueError(f"could not make {n} distinct prompts (got {len(out)}): the templates are exhausted")
+
+  def draw():
     kind = rng.choice(kinds)
     t, u = rng.sample(topics, 2)
     p, q = rng.sample(PEOPLE, 2)
@@ -171,11 +183,9 @@ def synthesize(n: int, seed: int = 0) -> list[dict]:
       text = rng.choice(EXTRACTION).format(**fill)
     else:
       text = rng.choice(TEMPLATES[kind]).format(**fill)
-    if text in seen:
-      continue
-    seen.add(text)
-    out.append({"id": f"synth-{len(out)}", "category": kind, "prompt": text})
-  return out
+    return kind, text
+
+  return distinct_records(n, draw, "synth", 200 * n, "prompts: the templates are exhausted")
 
 
 def self_written_seed_prompts(n: int, seed: int = 1) -> list[dict]:
