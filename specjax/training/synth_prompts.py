@@ -188,24 +188,28 @@ def synthesize(n: int, seed: int = 0) -> list[dict]:
   return distinct_records(n, draw, "synth", 200 * n, "prompts: the templates are exhausted")
 
 
+SELF_WRITTEN_ASKS = [
+    "Write one question that {p} might ask an assistant about {t}. Reply with the question only.",
+    "Write a request {p} might send to a helpful assistant about {t}. Reply with the request only.",
+    "Think of a practical problem {p} could have that involves {t}, and state it as a question. Reply with "
+    "the question only.",
+    "Write a message in which {p} asks an assistant to write something about {t}. Reply with the message only.",
+    "Write a question about {t} that needs careful step-by-step reasoning to answer. Reply with the question "
+    "only.",
+    "Write a request for advice that {p} might send about {t}. Reply with the request only.",
+]
+
+
 def self_written_seed_prompts(n: int, seed: int = 1) -> list[dict]:
-  """Requests that ask the target to write a user question itself (its reply becomes a training prompt)."""
+  """Requests that ask the target to write a user's message itself (its reply becomes a training prompt):
+  a kind of message, who sends it and a topic."""
   rng = random.Random(seed)
   topics = _all_topics()
-  asks = ["Write one question that a curious person might ask an assistant about {t}. Reply with the question "
-          "only.", "Write a request someone might send to a helpful assistant about {t}. Reply with the "
-          "request only.", "Think of a practical problem related to {t} and state it as a question. Reply with "
-          "the question only."]
-  out, seen = [], set()
-  while len(out) < n:
-    text = rng.choice(asks).format(t=rng.choice(topics))
-    if text in seen and len(seen) >= len(asks) * len(topics):
-      raise ValueError("not enough distinct self-written prompt requests")
-    if text in seen:
-      continue
-    seen.add(text)
-    out.append({"id": f"self-{len(out)}", "category": "self", "prompt": text})
-  return out
+
+  def draw():
+    return "self", rng.choice(SELF_WRITTEN_ASKS).format(p=rng.choice(PEOPLE), t=rng.choice(topics))
+
+  return distinct_records(n, draw, "self", 200 * n, "self-written prompt requests")
 
 
 def questions_from_replies(replies: Sequence[str], min_chars: int = 15, max_chars: int = 400) -> list[str]:
