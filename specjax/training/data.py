@@ -33,20 +33,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import progress as progress_lib
 from specjax.errors import SpecjaxError
 from specjax.training.jsonl import read_records
 
 RESPONSES = "responses.jsonl"
 FEATURES = "features"
-
-
-def _progress():
-  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                             TimeRemainingColumn)
-  import rich.console
-  return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=rich.console.Console(stderr=True))
 
 
 def read_responses(path: Path) -> list[dict]:
@@ -82,7 +74,7 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
   order = generation_order([len(e) for e in enc], chunk, seed)
   new_tokens = 0
   t0 = time.perf_counter()
-  with _progress() as bar, path.open("a", encoding="utf-8") as f:
+  with progress_lib.progress() as bar, path.open("a", encoding="utf-8") as f:
     task = bar.add_task("target replies", total=len(prompts), completed=len(prompts) - len(todo), info="")
     for start in range(0, len(order), chunk):
       idx = order[start:start + chunk]
@@ -157,7 +149,7 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
 
   order = np.argsort(lens)
   biggest = 0.0
-  with _progress() as bar:
+  with progress_lib.progress() as bar:
     task = bar.add_task("target features", total=len(seqs), info="")
     for start in range(0, len(order), batch_size):
       idx = order[start:start + batch_size]

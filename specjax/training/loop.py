@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import distributed
+from specjax import progress as progress_lib
 from specjax.errors import SpecjaxError
 from specjax.training.checkpoint import Checkpointer
 from specjax.training.jsonl import read_records
@@ -172,15 +173,6 @@ def _scalars(metrics: dict, prefix: str = "") -> dict[str, float]:
   return out
 
 
-def _progress(enabled: bool):
-  from rich.console import Console
-  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                             TimeRemainingColumn)
-  return Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                  console=Console(stderr=True), disable=not enabled)
-
-
 def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int, run_dir: str | Path,
           checkpointer: Checkpointer | None, log_every: int = 10, tokens_per_batch: int | None = None,
           progress: bool = True, eval_fn: Callable | None = None, eval_every: int = 0,
@@ -221,7 +213,7 @@ def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int,
     return elapsed0 + time.perf_counter() - t_start
 
   try:
-    with _progress(progress) as bar:
+    with progress_lib.progress(progress) as bar:
       task = bar.add_task("train", total=total_steps, completed=start, info=info)
       for step in range(start + 1, total_steps + 1):
         batch = batcher.next()
