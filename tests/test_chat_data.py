@@ -118,5 +118,18 @@ def test_questions_the_target_wrote_become_prompts():
   assert synth_prompts.questions_from_replies(replies) == [
       "How do solar panels turn sunlight into electricity?", "What should I pack for a first camping trip?",
       "Please plan a one-week running schedule for a beginner."]
+  # Forms a small target writes: a quotation after a colon, a label further down, a question after a colon,
+  # the message on the line after a colon; the assistant's voice is not a user's request.
+  replies = ['A journalist might ask: "What is the minimum wage in your country?"',
+             'A farmer might ask, "What is the best way to get a passport?',
+             "What a good idea! Here is one:\n\nQuestion: How do I plan a four-day trip to Lisbon?\n\nThis...",
+             "What is the answer to this question: How do bees make honey from nectar?",
+             "Here's a message:\nPlease write a short poem about autumn leaves for my class.",
+             "I'm here to help with any culinary project. What's the request?",
+             "I'm ready to assist. What's your request?"]
+  assert synth_prompts.questions_from_replies(replies) == [
+      "What is the minimum wage in your country?", "What is the best way to get a passport?",
+      "How do I plan a four-day trip to Lisbon?",
+      "How do bees make honey from nectar?", "Please write a short poem about autumn leaves for my class."]
   seeds = synth_prompts.self_written_seed_prompts(40, seed=1)
   assert len({s["prompt"] for s in seeds}) == 40 and all("Reply with" in s["prompt"] for s in seeds)

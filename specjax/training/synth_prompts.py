@@ -212,16 +212,40 @@ def self_written_seed_prompts(n: int, seed: int = 1) -> list[dict]:
   return distinct_records(n, draw, "self", 200 * n, "self-written prompt requests")
 
 
+_LABEL = re.compile(r"^(?:\*\*)?(?:question|request|problem|message|a|q)\s*:\s*(?:\*\*)?\s*", re.I)
+_QUOTED = re.compile(r"[:,]\s*[\"\u201c](.+?)(?:[\"\u201d]|$)")
+# The target answering as the assistant instead of writing the user's message ("I'm here to help...").
+_ASSISTANT_VOICE = re.compile(r"\b(?:assist\w*|AI|here to help|happy to help|your request)\b", re.I)
+
+
+def _written_request(text: str) -> str:
+  """The user's message in one answer to a ``self_written_seed_prompts`` request: a labelled line near the top
+  ("Question: ..."), else a quotation after a colon or comma (``A journalist might ask: "..."``), else the line after
+  one that ends in a colon, else a question after a colon, else the first line."""
+  lines = [ln.strip() for ln in text.splitlines() if ln.strip()][:4]
+  if not lines:
+    return ""
+  for ln in lines:
+    if _LABEL.match(ln):
+      return _LABEL.sub("", ln)
+  first = lines[0]
+  quoted = _QUOTED.search(first)
+  if quoted:
+    return quoted.group(1)
+  if first.endswith(":") and len(lines) > 1:
+    return lines[1]
+  after = first.rsplit(": ", 1)[-1]
+  return after if after.endswith("?") else first
+
+
 def questions_from_replies(replies: Sequence[str], min_chars: int = 15, max_chars: int = 400) -> list[str]:
-  """The prompts in the target's answers to ``self_written_seed_prompts``: each answer's first non-empty
-  line, without quotes or a "Question:" label; answers too short or too long to be a request are dropped,
-  and so are repeats."""
+  """The prompts in the target's answers to ``self_written_seed_prompts`` (``_written_request``), without
+  quotes; answers too short or too long to be a request, answers in the assistant's voice, and repeats are
+  dropped."""
   out, seen = [], set()
   for text in replies:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    line = re.sub(r"^(\*\*)?(question|request|problem)\s*:\s*(\*\*)?\s*", "", line, flags=re.I)
-    line = line.strip().strip('"\u201c\u201d\'*').strip()
-    if min_chars <= len(line) <= max_chars and line not in seen:
+    line = _written_request(text).strip().strip('"\u201c\u201d\'*').strip()
+    if min_chars <= len(line) <= max_chars and not _ASSISTANT_VOICE.search(line) and line not in seen:
       seen.add(line)
       out.append(line)
   return out
