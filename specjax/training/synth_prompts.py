@@ -220,8 +220,8 @@ _ASSISTANT_VOICE = re.compile(r"\b(?:assist\w*|AI|here to help|happy to help|you
 
 def _written_request(text: str) -> str:
   """The user's message in one answer to a ``self_written_seed_prompts`` request: a labelled line near the top
-  ("Question: ..."), else a quotation after a colon or comma (``A journalist might ask: "..."``), else the line after
-  one that ends in a colon, else a question after a colon, else the first line."""
+  ("Question: ..."), else a quotation after a colon or comma (``A journalist might ask: "..."``), else the
+  line after one that ends in a colon, else a question after a colon, else the first line."""
   lines = [ln.strip() for ln in text.splitlines() if ln.strip()][:4]
   if not lines:
     return ""
