@@ -18,12 +18,13 @@ def _hms(seconds: float) -> str:
 
 
 class LineProgress:
-  """rich.progress.Progress's calls used here, written as lines to ``stream``."""
+  """rich.progress.Progress's calls used here, written as lines to ``stream`` (``clock``: seconds)."""
 
-  def __init__(self, stream=None, every_s: float = 30.0, enabled: bool = True):
+  def __init__(self, stream=None, every_s: float = 30.0, enabled: bool = True, clock=time.monotonic):
     self.stream = stream if stream is not None else sys.stderr
     self.every_s = every_s
     self.enabled = enabled
+    self.clock = clock
     self.tasks: list[dict] = []
 
   def __enter__(self):
@@ -33,7 +34,7 @@ class LineProgress:
     return False
 
   def add_task(self, description: str, total: int, completed: int = 0, info: str = "") -> int:
-    now = time.monotonic()
+    now = self.clock()
     self.tasks.append(dict(description=description, total=total, completed=completed, start=completed, info=info,
                            t0=now, last=now))
     return len(self.tasks) - 1
@@ -46,7 +47,7 @@ class LineProgress:
       t["completed"] += advance
     if info is not None:
       t["info"] = info
-    now = time.monotonic()
+    now = self.clock()
     done = t["completed"] >= t["total"]
     if self.enabled and (done or now - t["last"] >= self.every_s):
       t["last"] = now

@@ -6,17 +6,19 @@ from specjax import progress
 
 def test_lines_when_redirected_to_a_file():
   out = io.StringIO()
-  bar = progress.progress(stream=out)
-  assert isinstance(bar, progress.LineProgress)
-  bar.every_s = 0.0
+  assert isinstance(progress.progress(stream=out), progress.LineProgress)
+  now = [100.0]
+  bar = progress.LineProgress(out, every_s=30.0, clock=lambda: now[0])
   with bar:
     task = bar.add_task("train", total=4, completed=1, info="")
-    bar.update(task, completed=2, info="loss 3.5")
-    bar.update(task, advance=2, info="loss 2.25")
-  lines = out.getvalue().splitlines()
-  assert lines[0].startswith("[train] 2/4 (50%) loss 3.5 elapsed 0:00:00")
-  assert " eta " in lines[0]
-  assert lines[1].startswith("[train] 4/4 (100%) loss 2.25") and " eta " not in lines[1]
+    now[0] += 20.0
+    bar.update(task, completed=2, info="loss 3.5")       # 20 s since the start: not yet
+    now[0] += 40.0
+    bar.update(task, completed=3, info="loss 3.0")       # 2 steps in 60 s: 30 s a step, 1 step left
+    now[0] += 5.0
+    bar.update(task, advance=1, info="loss 2.25")        # the last is always written
+  assert out.getvalue().splitlines() == ["[train] 3/4 (75%) loss 3.0 elapsed 0:01:00 eta 0:00:30",
+                                         "[train] 4/4 (100%) loss 2.25 elapsed 0:01:05"]
 
 
 def test_lines_are_rate_limited_but_the_last_is_always_written():
