@@ -226,8 +226,9 @@ def _written_request(text: str) -> str:
   if not lines:
     return ""
   for ln in lines:
-    if _LABEL.match(ln):
-      return _LABEL.sub("", ln)
+    label = _LABEL.match(ln)
+    if label:
+      return ln[label.end():]
   first = lines[0]
   quoted = _QUOTED.search(first)
   if quoted:
