@@ -63,7 +63,7 @@ def describe() -> dict:
       "cpu": cpu_name(),
       "cpu_flags": [f for f in RELEVANT_FLAGS if f in info["flags"]],
       "cores": cores,
-      "kernel_path": f"native-{kernels}" if kernels else "xla",
+      "kernel_path": (f"native-{kernels}" + ("-emulated" if native.emulating() else "")) if kernels else "xla",
       "kernel_choices": _kernel_choices() if kernels else None,
       "jax": jax.__version__,
       "backend": backend,

@@ -34,14 +34,14 @@ def _check_matmul():
 
 
 def _check_attention():
-  for E in (8, 16, 24, 64, 128):
-    for T in (1, 5):
-      r = np.random.default_rng(E + T)
-      L, B, S, K, G = 2, 2, 61, 2, 3
+  for E, S in [(8, 61), (16, 61), (24, 61), (64, 61), (128, 61), (16, 600), (64, 600)]:
+    for T in (1, 5):      # S = 600: contexts over one, two and three 256-slot chunks (combined in a second pass)
+      r = np.random.default_rng(E + T + S)
+      L, B, K, G = 2, 2, 2, 3
       q = jnp.asarray(r.normal(size=(B, T, K * G, E)), jnp.float32)
       k = jnp.asarray(r.normal(size=(L, B, S, K, E)) * 2, jnp.float32)
       v = jnp.asarray(r.normal(size=(L, B, S, K, E)), jnp.float32)
-      lengths = jnp.asarray([S - T, 13], jnp.int32)
+      lengths = jnp.asarray([S - T, 13 if S < 256 else 300], jnp.int32)
       mask = np.tril(np.ones((T, T), bool))[None].repeat(B, 0)
       mask &= (r.random((B, T, T)) < 0.6) | np.eye(T, dtype=bool)[None]
       got = jax.jit(ca.attend_cache_native)(q, k, v, 1, lengths, jnp.asarray(mask))
@@ -95,3 +95,27 @@ def test_a_row_has_the_same_bits_however_many_rows_are_computed(isa, restore_isa
   full = np.asarray(f(x, w))
   for M in (1, 2, 3, 4, 7):
     np.testing.assert_array_equal(np.asarray(f(x[:M], w)), full[:M], err_msg=f"{isa}, M = {M}")
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+def test_an_attention_row_has_the_same_bits_whatever_else_is_computed(isa, restore_isa):
+  """The attention half of greedy exactness: a query row's output must not depend on how many new rows are
+  verified beside it, nor on the other sequences of the batch (a decode step, a verification step and a
+  batched step must give a row the same bits), at contexts over several slot chunks too."""
+  if isa not in _supported():
+    pytest.skip("the CPU lacks this ISA")
+  native.set_isa(isa)
+  r = np.random.default_rng(5)
+  L, B, S, K, G, E, T = 1, 2, 700, 3, 3, 64, 5
+  q = jnp.asarray(r.normal(size=(B, T, K * G, E)), jnp.float32)
+  k = jnp.asarray(r.normal(size=(L, B, S, K, E)), jnp.float32)
+  v = jnp.asarray(r.normal(size=(L, B, S, K, E)), jnp.float32)
+  lengths = jnp.asarray([600, 40], jnp.int32)
+  causal = jnp.asarray(np.tril(np.ones((T, T), bool))[None].repeat(B, 0))
+  f = jax.jit(ca.attend_cache_native)
+  full = np.asarray(f(q, k, v, 0, lengths, causal))
+  for t in range(T):        # row t alone, as the one new row of its step: it sees the same slots
+    one = np.asarray(f(q[:1, t:t + 1], k[:, :1], v[:, :1], 0, lengths[:1] + t, causal[:1, :1, :1]))
+    np.testing.assert_array_equal(one[0, 0], full[0, t], err_msg=f"{isa}, row {t} alone")
+  alone = np.asarray(f(q[1:], k[:, 1:], v[:, 1:], 0, lengths[1:], causal[1:]))
+  np.testing.assert_array_equal(alone[0], full[1], err_msg=f"{isa}, sequence 1 without the batch")

@@ -19,9 +19,6 @@
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
-#if SPECJAX_X86
-#include <immintrin.h>
-#endif
 
 namespace ffi = xla::ffi;
 

@@ -4,6 +4,10 @@ All sources are compiled together, on first use, with the system C++ compiler (`
 shared library in the specjax cache, keyed by a hash of the sources, the compiler flags and the jax version.
 If no compiler is found or the build fails, a one-line warning goes to stderr and every kernel falls back
 to its XLA reference.  ``SPECJAX_NATIVE=0`` disables them; they are used only on the CPU backend.
+
+``SPECJAX_EMULATE_SIMD=1`` (for tests) builds a separate library whose AVX2 and AVX-512 paths take their
+intrinsics from SIMDe's portable C (the ``simde-py`` package of the ``[test]`` extra; see isa.h): every path
+then runs, slowly, on any x86-64 CPU, so the AVX-512 code is tested on a machine without AVX-512.
 """
 from __future__ import annotations
 
@@ -26,11 +30,29 @@ _SOURCES = sorted(Path(__file__).parent.glob("*.cc"))
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # No -march=native: the library is built for its architecture's baseline, and each fast path (AVX-512F,
 # AVX2+FMA) is a function compiled for its own target and chosen at run time from the CPU's features
-# (isa.h), so a library built on one machine never runs an instruction another machine lacks.
-_FLAGS = ["-O3", "-std=c++20", "-fopenmp-simd", "-fPIC", "-shared", "-w"]
+# (isa.h), so a library built on one machine never runs an instruction another machine lacks.  No contraction
+# of a product and a sum into one FMA unless the source says fma: a path's bits are then what its source
+# says, whatever the compiler and the target, and the SIMD emulation (below) reproduces them exactly.
+_FLAGS = ["-O3", "-std=c++20", "-ffp-contract=off", "-fopenmp-simd", "-fPIC", "-shared", "-w"]
 ISAS = ("portable", "avx2", "avx512")     # SpecjaxKernelIsa() values 0, 1, 2
 _STATE: dict = {"loaded": None}
 _LOCK = threading.Lock()
+
+
+def emulating() -> bool:
+  """True when this process builds the SIMD-emulating test library (``SPECJAX_EMULATE_SIMD=1``)."""
+  return os.environ.get("SPECJAX_EMULATE_SIMD", "0") == "1"
+
+
+def _flags() -> list[str]:
+  if not emulating():
+    return list(_FLAGS)
+  try:
+    import simde_py
+  except ImportError as e:
+    raise RuntimeError("SPECJAX_EMULATE_SIMD=1 needs SIMDe's headers: pip install simde-py (part of the [test] "
+                       "extra), or unset SPECJAX_EMULATE_SIMD") from e
+  return [*_FLAGS, "-DSPECJAX_EMULATE_SIMD", f"-I{simde_py.get_include()}"]
 
 
 def _cache_dir() -> Path:
@@ -46,7 +68,8 @@ def _say(message: str) -> None:
 
 def source_digest() -> str:
   """Hash of the kernel sources, the compiler flags and the jax version (names the built library)."""
-  digest = hashlib.sha256(" ".join(_FLAGS).encode() + jax.__version__.encode())
+  flags = [*_FLAGS, "-DSPECJAX_EMULATE_SIMD"] if emulating() else _FLAGS   # (not the headers' install path)
+  digest = hashlib.sha256(" ".join(flags).encode() + jax.__version__.encode())
   for src in _SOURCES + _HEADERS:
     digest.update(src.name.encode() + src.read_bytes())
   return digest.hexdigest()[:16]
@@ -64,13 +87,18 @@ def _build() -> Path | None:
   cxx = _compiler()
   if cxx is None:
     return None
+  try:
+    flags = _flags()
+  except RuntimeError as e:
+    _say(f"{e}: using XLA")
+    return None
   out = _library_path()
   if out.is_file():
     return out
   out.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
     tmp_out = Path(tmp) / out.name
-    cmd = [cxx, *_FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, _SOURCES), "-o", str(tmp_out), "-lpthread"]
+    cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", *map(str, _SOURCES), "-o", str(tmp_out), "-lpthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
       first = (proc.stderr.strip().splitlines() or ["?"])[0]

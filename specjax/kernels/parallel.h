@@ -23,7 +23,7 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
+#include <emmintrin.h>   // SSE2, the x86-64 baseline (not immintrin.h: isa.h decides how vector types come in)
 #define SPECJAX_PAUSE() _mm_pause()
 #else
 #define SPECJAX_PAUSE() std::this_thread::yield()
