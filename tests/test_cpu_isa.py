@@ -119,3 +119,19 @@ def test_an_attention_row_has_the_same_bits_whatever_else_is_computed(isa, resto
     np.testing.assert_array_equal(one[0, 0], full[0, t], err_msg=f"{isa}, row {t} alone")
   alone = np.asarray(f(q[1:], k[:, 1:], v[:, 1:], 0, lengths[1:], causal[1:]))
   np.testing.assert_array_equal(alone[0], full[1], err_msg=f"{isa}, sequence 1 without the batch")
+
+
+def test_specjax_cpu_isa_forces_a_path_at_load():
+  """The environment variable (README) in a fresh process: the kernels load on the forced path; a name that
+  is no path is refused with the names that are."""
+  import os
+  import subprocess
+  import sys
+  code = "from specjax.kernels import native; print(native.available(), native.isa())"
+  env = dict(os.environ, SPECJAX_CPU_ISA="portable", SPECJAX_NATIVE="1")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["True", "portable"]
+  env["SPECJAX_CPU_ISA"] = "sse9"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0 and "unknown kernel path 'sse9'" in out.stderr and "avx2" in out.stderr

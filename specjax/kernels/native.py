@@ -151,10 +151,10 @@ def available() -> bool:
         fn.restype = ctypes.c_int32
       _STATE["lib"] = lib
       ok = True
-      forced = os.environ.get("SPECJAX_CPU_ISA")
-      if forced:
-        set_isa(forced)
   _STATE["loaded"] = ok
+  forced = os.environ.get("SPECJAX_CPU_ISA")
+  if ok and forced:          # after "loaded" is set: set_isa checks availability itself
+    set_isa(forced)
   return ok
 
 
