@@ -90,3 +90,32 @@ def test_fewer_threads_give_the_same_bits():
   finally:
     autotune.set_threads(None)
   np.testing.assert_array_equal(one, all_threads)
+
+
+def _attention_uses_native(T=1):
+  from specjax.kernels import cpu_attention as ca
+  L, B, S, K, G, E = 2, 1, 64, 2, 2, 16
+  q = jnp.ones((B, T, K * G, E), jnp.float32)
+  kv = jnp.ones((L, B, S, K, E), jnp.float32)
+  lengths = jnp.asarray([10], jnp.int32)
+  f = lambda q, k, v: ca.attend_cache(q, k, v, 1, lengths, ca.causal_mask(B, T))  # noqa: E731
+  return ca.TARGET in jax.jit(f).lower(q, kv, kv).as_text()
+
+
+def test_attention_is_measured_at_first_use_and_followed(fresh, capfd):
+  native_wins = _attention_uses_native()                     # first use: measures attention
+  assert "attention:" in capfd.readouterr().err
+  data = json.loads(autotune.choices_path().read_text())
+  att = data["attention"]
+  assert att["path"] == ("native" if native_wins else "xla")
+  for key in ("T1_ctx250", "T1_ctx1000", "T5_ctx250", "T5_ctx1000"):
+    assert att[key]["native_ms"] > 0 and att[key]["xla_ms"] > 0
+  assert autotune.summary()["paths"]["attention"] == att["path"]
+  data["attention"]["path"] = "xla"                          # as measured on a machine where XLA wins
+  autotune._save(data)
+  autotune.forget()
+  assert not _attention_uses_native(1) and not _attention_uses_native(5)   # one path at every row count
+  data["attention"]["path"] = "native"
+  autotune._save(data)
+  autotune.forget()
+  assert _attention_uses_native(1) and _attention_uses_native(5)

@@ -12,6 +12,10 @@ as in a real step), at M = 1 row (a decode step) and M = 5 rows (verifying 4 dra
 sum: one path serves a weight matrix at every row count, so a verification row gets the very bits of a decode
 row and greedy speculative decoding stays token-exact.  Native wins ties within 3% (it also skips dead rows).
 
+The attention kernel (``cpu_attention.cc``) is measured the same way, once: a chain of layers' attention of
+one and of five new rows at a short and a long context, native against XLA's windowed ``model.attend`` (what
+a forward runs without it); one path then serves every row count.
+
 ``SPECJAX_NATIVE`` overrides the measurement: ``1`` always native, ``0`` never (XLA everywhere); unset or
 ``auto`` measures.  ``SPECJAX_THREADS=N`` fixes the thread count.
 """
@@ -32,7 +36,7 @@ import numpy as np
 from specjax.cache_location import cache_dir
 from specjax.kernels import native
 
-VERSION = 2
+VERSION = 3
 CHAIN_BYTES = 64 << 20          # weights per measured chain: past the last-level cache (32 MB on an EPYC CCX)
 ROWS = (1, 5)                   # a decode step and a k = 4 verification
 NATIVE_TIE = 1.03               # native is kept unless XLA is more than 3% faster
@@ -40,6 +44,9 @@ NATIVE_TIE = 1.03               # native is kept unless XLA is more than 3% fast
 # matrices in a small model, where per-call costs show, and large ones (an LM head, a 7B model's layers) that
 # only stream.  Two classes keep the first-use measurement to a few seconds (each chain compiles).
 CLASSES = (("small", 16 << 20, (1536, 768)), ("large", None, (8192, 1024)))
+# Attention: 8 layers of a small model's grouped-query shape (4 kv heads of 4 query heads, head size 64) over a
+# 2048-slot buffer, at ~250 and ~1000 cached tokens (the XLA side reads the window bucket covering them).
+ATTENTION = {"layers": 8, "K": 4, "G": 4, "E": 64, "S": 2048, "contexts": (250, 1000)}
 _STATE: dict = {}
 _LOCK = threading.RLock()
 
@@ -57,7 +64,8 @@ def size_class(N: int, D: int) -> str:
 
 def choices_path() -> Path:
   from specjax.calibrate import machine_tag
-  return cache_dir() / "kernels" / "choices" / f"{machine_tag()}-{native.source_digest()}.json"
+  # The kernel path in the name: a path forced with SPECJAX_CPU_ISA is measured on its own.
+  return cache_dir() / "kernels" / "choices" / f"{machine_tag()}-{native.source_digest()}-{native.isa()}.json"
 
 
 def _say(message: str) -> None:
@@ -181,12 +189,56 @@ def measure_class(N: int, D: int) -> dict:
   return {"path": path, "shape": [N, D], "chain_bytes": 4 * N * D * len(ws), **detail}
 
 
+def measure_attention() -> dict:
+  """Native vs XLA attention, at 1 and 5 new rows and two contexts, in one interleaved run."""
+  from specjax import decode, model
+  from specjax.kernels import cpu_attention
+  L, K, G, E, S = (ATTENTION[k] for k in ("layers", "K", "G", "E", "S"))
+  k = jnp.full((L, 1, S, K, E), 0.01, jnp.float32)
+  v = jnp.full((L, 1, S, K, E), 0.02, jnp.float32)
+  buckets = decode.kv_buckets(S)
+
+  chains: dict = {}     # the native chain compiles once per T (the context is data), XLA's once per window
+
+  def chain(use_native: bool, window: int, T: int):
+    key = (use_native, T, None if use_native else window)
+    if key in chains:
+      return chains[key]
+
+    def run(q, k, v, lengths, mask):
+      def one_layer(layer, q):       # a loop, not unrolled: small programs, quick to compile
+        if use_native:
+          o = cpu_attention.attend_cache_native(q, k, v, layer, lengths, mask)
+        else:
+          visible = cpu_attention.visible_slots(lengths, mask, window)
+          o = model.attend(q, k[layer, :, :window], v[layer, :, :window], visible)
+        return q + 1e-3 * jnp.tanh(o)
+      return jax.lax.fori_loop(0, L, one_layer, q)
+    chains[key] = jax.jit(run)
+    return chains[key]
+
+  ms = {"native": 0.0, "xla": 0.0}
+  detail = {}
+  for T in ROWS:
+    for ctx in ATTENTION["contexts"]:
+      window = next(b for b in buckets if b >= ctx + T)
+      args = (jnp.full((1, T, K * G, E), 0.1, jnp.float32), k, v, jnp.asarray([ctx], jnp.int32),
+              cpu_attention.causal_mask(1, T))
+      t_native, t_xla = _median_ms([chain(True, window, T), chain(False, window, T)], args)
+      ms["native"] += t_native
+      ms["xla"] += t_xla
+      detail[f"T{T}_ctx{ctx}"] = {"native_ms": t_native, "xla_ms": t_xla}
+  path = "native" if ms["native"] <= ms["xla"] * NATIVE_TIE else "xla"
+  return {"path": path, **detail}
+
+
 def measure_all(log=_say) -> dict:
   """Measure every class (and the thread count) now and save; returns the table."""
   with _LOCK:
     data = _table()
     data["classes"] = {}
     data["threads"] = None
+    data.pop("attention", None)
     _ensure(None, log)
     return data
 
@@ -197,7 +249,8 @@ def _ensure(name: str | None, log) -> None:
   staged into it instead of running (jax's trace state is per thread)."""
   data = _table()
   wanted = [c for c in CLASSES if (name is None or c[0] == name) and c[0] not in data["classes"]]
-  if data["threads"] is not None and not wanted:
+  want_attention = name in (None, "attention") and "attention" not in data
+  if data["threads"] is not None and not wanted and not want_attention:
     set_threads(data["threads"])
     return
   log(f"measuring the CPU kernel paths on this machine (once; remembered in {choices_path().parent}) ...")
@@ -213,9 +266,12 @@ def _ensure(name: str | None, log) -> None:
       set_threads(data["threads"])
       for cname, _, (N, D) in wanted:
         data["classes"][cname] = measure_class(N, D)
+      if want_attention:
+        data["attention"] = measure_attention()
       _save(data)
-      log("  " + ", ".join(f"{c}: {data['classes'][c]['path']}" for c, _, _ in wanted)
-          + f"; {data['threads']} thread(s); {time.perf_counter() - t0:.1f}s")
+      said = [f"{c}: {data['classes'][c]['path']}" for c, _, _ in wanted]
+      said += [f"attention: {data['attention']['path']}"] if want_attention else []
+      log("  " + ", ".join(said) + f"; {data['threads']} thread(s); {time.perf_counter() - t0:.1f}s")
     except Exception as e:   # noqa: BLE001 - reported on the caller's thread
       errors.append(e)
 
@@ -244,13 +300,28 @@ def matmul_native(N: int, D: int) -> bool:
     return data["classes"][name]["path"] == "native"
 
 
+def attention_native() -> bool:
+  """Whether decode-sized attention takes the native kernel here (measured at first use)."""
+  m = mode()
+  if m != "auto":
+    return m == "native"
+  with _LOCK:
+    data = _table()
+    if "attention" not in data or "threads_set" not in _STATE:
+      _ensure("attention", _say)
+      _STATE["threads_set"] = True
+    return data["attention"]["path"] == "native"
+
+
 def summary() -> dict:
   """What is decided so far (for bench JSON and run directories): mode, threads and path per class."""
   if mode() != "auto":
     return {"mode": mode()}
   data = _STATE.get("data") or {}
-  return {"mode": "auto", "threads": data.get("threads"),
-          "paths": {c: v["path"] for c, v in (data.get("classes") or {}).items()}}
+  paths = {c: v["path"] for c, v in (data.get("classes") or {}).items()}
+  if "attention" in data:
+    paths["attention"] = data["attention"]["path"]
+  return {"mode": "auto", "threads": data.get("threads"), "paths": paths}
 
 
 def forget() -> None:
