@@ -37,16 +37,20 @@ def test_first_use_measures_once_and_later_processes_read_it(fresh, capfd):
   for m in ("M1", "M5"):
     assert small[m]["native_ms"] > 0 and small[m]["xla_ms"] > 0
   assert str(autotune.choices_path()).startswith(str(fresh))
+  assert set(data["classes"]) == {"small", "large"} and "attention" in data   # all at once, one line
+  assert err.count("measuring the CPU kernel paths") == 1
   autotune.forget()                                          # a new process: reads, measures nothing
   _uses_native(64, 32)
   assert "measuring" not in capfd.readouterr().err
-  assert autotune.summary()["paths"] == {"small": small["path"]}
+  assert autotune.summary()["paths"] == {"small": small["path"], "large": data["classes"]["large"]["path"],
+                                         "attention": data["attention"]["path"]}
 
 
 def _store(path_by_class):
   data = autotune._load()
   data["threads"] = 2
   data["classes"] = {c: {"path": p} for c, p in path_by_class.items()}
+  data["attention"] = {"path": "native"}
   autotune._save(data)
   autotune.forget()
 
@@ -73,6 +77,7 @@ def test_an_unreadable_table_is_measured_again(fresh, monkeypatch, capfd):
   autotune.choices_path().write_text("{not json")
   monkeypatch.setattr(autotune, "measure_class", lambda N, D: {"path": "xla", "shape": [N, D]})
   monkeypatch.setattr(autotune, "measure_threads", lambda: {"threads": 1})
+  monkeypatch.setattr(autotune, "measure_attention", lambda: {"path": "xla"})
   assert not _uses_native(64, 32)
   assert "unreadable" in capfd.readouterr().err
   assert json.loads(autotune.choices_path().read_text())["classes"]["small"]["path"] == "xla"
