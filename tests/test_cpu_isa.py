@@ -135,3 +135,16 @@ def test_specjax_cpu_isa_forces_a_path_at_load():
   env["SPECJAX_CPU_ISA"] = "sse9"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode != 0 and "unknown kernel path 'sse9'" in out.stderr and "avx2" in out.stderr
+
+
+def test_an_installed_package_ships_every_kernel_source():
+  """A non-editable install builds the kernels from the files packaged with it: every source and header the
+  build reads must match the package data (the headers once did not)."""
+  import fnmatch
+  import tomllib
+  from pathlib import Path
+  root = Path(native.__file__).resolve().parents[2]
+  patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["specjax"]
+  for src in native._SOURCES + native._HEADERS:
+    rel = src.relative_to(root / "specjax").as_posix()
+    assert any(fnmatch.fnmatch(rel, p) for p in patterns), f"{rel} is not in specjax's package data"
