@@ -132,6 +132,11 @@ def _median_ms(fns, args, rounds: int = 2, calls: int = 3) -> list[float]:
   return [float(np.median(t)) * 1e3 for t in times]
 
 
+def _faster(ms: dict) -> str:
+  """The path with the smaller summed time; native keeps ties within NATIVE_TIE."""
+  return "native" if ms["native"] <= ms["xla"] * NATIVE_TIE else "xla"
+
+
 def _weights(N: int, D: int) -> list:
   count = max(2, math.ceil(CHAIN_BYTES / (4 * N * D)))
   return [jnp.full((N, D), 0.01 + 1e-4 * i, jnp.float32) for i in range(count)]   # values do not matter
@@ -185,8 +190,7 @@ def measure_class(N: int, D: int) -> dict:
     ms["native"] += t_native
     ms["xla"] += t_xla
     detail[f"M{M}"] = {"native_ms": t_native, "xla_ms": t_xla}
-  path = "native" if ms["native"] <= ms["xla"] * NATIVE_TIE else "xla"
-  return {"path": path, "shape": [N, D], "chain_bytes": 4 * N * D * len(ws), **detail}
+  return {"path": _faster(ms), "shape": [N, D], "chain_bytes": 4 * N * D * len(ws), **detail}
 
 
 def measure_attention() -> dict:
@@ -228,8 +232,7 @@ def measure_attention() -> dict:
       ms["native"] += t_native
       ms["xla"] += t_xla
       detail[f"T{T}_ctx{ctx}"] = {"native_ms": t_native, "xla_ms": t_xla}
-  path = "native" if ms["native"] <= ms["xla"] * NATIVE_TIE else "xla"
-  return {"path": path, **detail}
+  return {"path": _faster(ms), **detail}
 
 
 def measure_all(log=_say) -> dict:
@@ -239,17 +242,17 @@ def measure_all(log=_say) -> dict:
     data["classes"] = {}
     data["threads"] = None
     data.pop("attention", None)
-    _ensure(None, log)
+    _ensure(log)
     return data
 
 
-def _ensure(name: str | None, log) -> None:
-  """Measure what is missing: the thread count, and class `name` (every class when None).  Runs on a thread of
-  its own: the first decision is made while jax traces a model, and work started from inside a trace would be
-  staged into it instead of running (jax's trace state is per thread)."""
+def _ensure(log) -> None:
+  """Measure whatever is missing (the thread count, each matmul class, attention) at once.  Runs on a thread
+  of its own: the first decision is made while jax traces a model, and work started from inside a trace would
+  be staged into it instead of running (jax's trace state is per thread)."""
   data = _table()
-  wanted = [c for c in CLASSES if (name is None or c[0] == name) and c[0] not in data["classes"]]
-  want_attention = name in (None, "attention") and "attention" not in data
+  wanted = [c for c in CLASSES if c[0] not in data["classes"]]
+  want_attention = "attention" not in data
   if data["threads"] is not None and not wanted and not want_attention:
     set_threads(data["threads"])
     return
@@ -286,31 +289,29 @@ def _ensure(name: str | None, log) -> None:
 # Deciding
 
 
-def matmul_native(N: int, D: int) -> bool:
-  """Whether a decode-sized x · wᵀ with weight [N, D] takes the native kernel here (measured at first use)."""
+def _native_chosen(path_of) -> bool:
+  """The rule both decisions share: SPECJAX_NATIVE if set, else the measured path (``path_of(table)``, None
+  while unmeasured), measuring everything still missing on the first call of a process."""
   m = mode()
   if m != "auto":
     return m == "native"
   with _LOCK:
     data = _table()
-    name = size_class(N, D)
-    if name not in data["classes"] or "threads_set" not in _STATE:
-      _ensure(None, _say)          # everything still missing at once: one short pause, one line
+    if path_of(data) is None or "threads_set" not in _STATE:
+      _ensure(_say)                # everything still missing at once: one short pause, one line
       _STATE["threads_set"] = True
-    return data["classes"][name]["path"] == "native"
+    return path_of(data) == "native"
+
+
+def matmul_native(N: int, D: int) -> bool:
+  """Whether a decode-sized x · wᵀ with weight [N, D] takes the native kernel here (measured at first use)."""
+  name = size_class(N, D)
+  return _native_chosen(lambda data: data["classes"].get(name, {}).get("path"))
 
 
 def attention_native() -> bool:
   """Whether decode-sized attention takes the native kernel here (measured at first use)."""
-  m = mode()
-  if m != "auto":
-    return m == "native"
-  with _LOCK:
-    data = _table()
-    if "attention" not in data or "threads_set" not in _STATE:
-      _ensure(None, _say)
-      _STATE["threads_set"] = True
-    return data["attention"]["path"] == "native"
+  return _native_chosen(lambda data: data.get("attention", {}).get("path"))
 
 
 def summary() -> dict:

@@ -44,15 +44,20 @@ def emulating() -> bool:
   return os.environ.get("SPECJAX_EMULATE_SIMD", "0") == "1"
 
 
+def _defining_flags() -> list[str]:
+  """The flags that decide what is built (they name the library; the headers' install path does not)."""
+  return [*_FLAGS, "-DSPECJAX_EMULATE_SIMD"] if emulating() else list(_FLAGS)
+
+
 def _flags() -> list[str]:
   if not emulating():
-    return list(_FLAGS)
+    return _defining_flags()
   try:
     import simde_py
   except ImportError as e:
     raise RuntimeError("SPECJAX_EMULATE_SIMD=1 needs SIMDe's headers: pip install simde-py (part of the [test] "
                        "extra), or unset SPECJAX_EMULATE_SIMD") from e
-  return [*_FLAGS, "-DSPECJAX_EMULATE_SIMD", f"-I{simde_py.get_include()}"]
+  return [*_defining_flags(), f"-I{simde_py.get_include()}"]
 
 
 def _cache_dir() -> Path:
@@ -68,8 +73,7 @@ def _say(message: str) -> None:
 
 def source_digest() -> str:
   """Hash of the kernel sources, the compiler flags and the jax version (names the built library)."""
-  flags = [*_FLAGS, "-DSPECJAX_EMULATE_SIMD"] if emulating() else _FLAGS   # (not the headers' install path)
-  digest = hashlib.sha256(" ".join(flags).encode() + jax.__version__.encode())
+  digest = hashlib.sha256(" ".join(_defining_flags()).encode() + jax.__version__.encode())
   for src in _SOURCES + _HEADERS:
     digest.update(src.name.encode() + src.read_bytes())
   return digest.hexdigest()[:16]
