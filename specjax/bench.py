@@ -148,6 +148,7 @@ class Run(NamedTuple):
   tokens: int           # tokens it produced (after each sequence's first, which prefill samples)
   stats: Any            # SpecStats
   contexts: list        # mean context length of each live sequence
+  new_tokens: list = []  # each live sequence's generated tokens (the first, from prefill, included)
 
 
 def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, timer: Timer) -> Run:
@@ -156,8 +157,10 @@ def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, time
   t, res = _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, max_new, max_len,
                                method.k_max, timer)
   num_new = distributed.to_host(res.num_new_B)[:live]
+  seq = distributed.to_host(res.seq_BxS)
   return Run(max(t, 1e-9), int(np.sum(np.maximum(num_new - 1, 0))), res.stats,
-             [float(l + n / 2) for l, n in zip(lens[:live], num_new)])
+             [float(l + n / 2) for l, n in zip(lens[:live], num_new)],
+             [seq[b, lens[b]:lens[b] + num_new[b]].tolist() for b in range(live)])
 
 
 def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len: int, *, repeats: int = 1,
@@ -167,7 +170,8 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
   compiles it).  ``run(method, batch) -> Run`` replaces the real decoding in tests.
 
   Returns seconds and tokens as [M, R, P] arrays, each method's SpecStats summed over the first repeat
-  (greedy runs repeat exactly), and the live contexts."""
+  (greedy runs repeat exactly), the live contexts, and each method's generated tokens per batch (first
+  repeat; ``outputs[i][p]`` = one token list per live sequence)."""
   timer = timer or Timer(log)
   M, R, P = len(methods), repeats, len(batches)
   if run is None:
@@ -177,6 +181,7 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
       _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, 2, max_len, method.k_max, timer)
   seconds, tokens = np.zeros((M, R, P)), np.zeros((M, R, P), np.int64)
   stats, contexts = [None] * M, [[] for _ in range(M)]
+  outputs: list = [[None] * P for _ in range(M)]
   order = paired_lib.schedule(M, P, R, paired)
   for n, (r, p, i) in enumerate(order):
     res = run(methods[i], batches[p])
@@ -185,11 +190,20 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
       stats[i] = res.stats if stats[i] is None else jax.tree_util.tree_map(lambda a, b: a + b, stats[i],
                                                                          res.stats)
       contexts[i] += res.contexts
+      outputs[i][p] = list(res.new_tokens)
     if P > 1 and (n + 1) % M == 0:
       log(f"[bench] repeat {r + 1}/{R}, prompt batch {p + 1}/{P}: "
           + ", ".join(f"{methods[j].label} {tokens[j, r, p] / seconds[j, r, p]:.1f} tok/s" for j in range(M)
                       if seconds[j, r, p]))
-  return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts}
+  return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts, "outputs": outputs}
+
+
+def identical_outputs(plain: list, other: list) -> tuple[int, int]:
+  """(sequences whose tokens equal plain decoding's, sequences compared) over every batch: greedy
+  speculative decoding must reproduce plain greedy decoding token for token."""
+  pairs = [(a, b) for pa, pb in zip(plain, other) if pa is not None and pb is not None
+           for a, b in zip(pa, pb)]
+  return sum(a == b for a, b in pairs), len(pairs)
 
 
 def _verify_mask_N1xN1(shape) -> tuple[np.ndarray, np.ndarray]:
@@ -329,7 +343,8 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     tau = metrics["mean_accepted_length"]
     predicted = tau * ar_step_s / (t_draft + t_verify)
     stats = paired_lib.summarize(secs[0], toks[0], secs[i], toks[i])
-    results.append({
+    same, compared = identical_outputs(timed["outputs"][0], timed["outputs"][i])
+    results.append({"method": method.label, "outputs_identical": same, "outputs_compared": compared,
         **method.settings, "spec_tokens_per_s": float(toks[i].sum() / secs[i].sum()), **stats, **metrics,
         "draft_ms": t_draft * 1e3, "verify_ms": t_verify * 1e3,
         "verify_ms_full": t_by_width[method.k_max + 1] * 1e3,     # all N+1 rows live: the tree's cost
@@ -337,8 +352,24 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
         "spec_iteration_ms": float(secs[i, 0].sum()) / max(1, metrics["iterations"]) * 1e3,
         "predicted_speedup": predicted, "efficiency": stats["speedup"] / predicted})
     log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
-        f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}")
+        f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; output identical to "
+        f"plain decoding for {same}/{compared} sequences")
+  ar["outputs"] = timed["outputs"]
   return ar, results
+
+
+ar_label = "autoregressive"
+
+
+def _generations(m: Model, prompts: list[Prompt], batch_size: int, labels: list[str], outputs: list) -> list:
+  """Each method's output for each prompt (first repeat): {method, question_id, text, token_ids}."""
+  rows = []
+  for label, per_batch in zip(labels, outputs):
+    flat = [toks for batch in per_batch for toks in (batch or [])]
+    for prompt, toks in zip(prompts, flat):
+      rows.append({"method": label, "question_id": prompt.question_id, "text": m.tokenizer.decode(toks),
+                   "token_ids": toks})
+  return rows
 
 
 def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_tokens: int = 128,
@@ -383,6 +414,9 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer)
+  outputs = ar.pop("outputs")
+  result["generations"] = _generations(m, prompts, batch_size, [ar_label] + [r["method"] for r in spec_results],
+                                       outputs)
   result.update(ar)
   if spec_results:
     result.update(spec_results[0])     # one drafter setting: its keys at the top level, as always

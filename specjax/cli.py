@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import os
 import sys
 from typing import Any
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--schedule", choices=["paired", "blocked"], default="paired",
                  help="paired (default): each prompt decoded plainly and speculatively back to back, the "
                       "order alternating; blocked: all plain decoding, then all speculative (for comparison)")
+  b.add_argument("--outputs", default=None,
+                 help="write every method's output for every prompt here (JSON Lines: method, question_id, "
+                      "text, token_ids)")
   _add_drafter(b, many_trees=True)
   _add_mesh(b)
   b.add_argument("--json", action="store_true")
@@ -230,6 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--seed", type=int, default=0)
   e.add_argument("--no-speed", action="store_true", help="skip the greedy speed comparison (acceptance only)")
   e.add_argument("--json", action="store_true")
+
+  ec = sub.add_parser("eval-code", help="pass@1 of code tasks (HumanEval records): each reply's test runs in "
+                                        "its own subprocess with a timeout")
+  ec.add_argument("--prompts", required=True, help="the HumanEval JSONL the tasks come from (by path)")
+  ec.add_argument("--limit", type=int, default=None, help="use only the first N tasks")
+  ec.add_argument("--completions", default=None,
+                  help="JSON Lines of replies to test (`bench --outputs`: method, question_id, text); without "
+                       "it the model generates them (greedy, --max-new-tokens)")
+  ec.add_argument("--max-new-tokens", type=int, default=256)
+  ec.add_argument("--timeout", type=float, default=10.0, help="seconds each test may run (default 10)")
+  ec.add_argument("--batch-size", type=int, default=1)
+  _add_model(ec)
+  _add_drafter(ec)
+  ec.add_argument("--json", action="store_true")
 
   cal = sub.add_parser("calibrate", help="measure this machine's roofline (bandwidth, matmul, step floor) for "
                                          "the cost model; saved in the cache and reused")
@@ -332,7 +350,12 @@ def _load_draft(args):
   from specjax import api
   from specjax.errors import SpecjaxError
   if args.drafter == "model" and not args.draft:
-    raise SpecjaxError("--drafter model needs --draft MODEL (a small model sharing the target's tokenizer)")
+    from specjax.checkpoints import registry
+    args.draft = registry.default_draft(args.model)
+    if not args.draft:
+      raise SpecjaxError(f"--drafter model needs --draft MODEL (a small model sharing the target's tokenizer); "
+                         f"'{args.model}' has no default draft in the registry (`specjax models` lists them)")
+    _log(f"[specjax] --drafter model: the registry's draft for {args.model} is {args.draft}")
   if args.draft and args.drafter not in ("model", "eagle"):
     raise SpecjaxError(f"--draft is only used with --drafter model or eagle (got --drafter {args.drafter})")
   if args.drafter == "eagle":
@@ -451,6 +474,14 @@ def cmd_bench(args) -> int:
                     repeats=args.repeats, paired=args.schedule == "paired", log=_log, mesh=args.mesh,
                     **_drafter_kwargs(args))
   res.update(_executables())
+  generations = res.pop("generations", [])
+  if args.outputs:
+    Path(args.outputs).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.outputs, "w", encoding="utf-8") as f:
+      for row in generations:
+        f.write(json.dumps(row) + "\n")
+    _log(f"[bench] each method's outputs written to {args.outputs} (`specjax eval-code --completions` runs "
+         "code tasks' tests on them)")
 
   def human(r):
     from specjax.report import print_table
@@ -711,6 +742,57 @@ def cmd_merge_data(args) -> int:
   return 0
 
 
+def _read_completions(path: str) -> list[tuple[str, str, str]]:
+  from specjax.errors import SpecjaxError
+  p = Path(path)
+  if not p.is_file():
+    raise SpecjaxError(f"completions file not found: {p} (write one with `specjax bench ... --outputs FILE`)")
+  rows = []
+  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      obj = json.loads(line)
+      rows.append((str(obj.get("method", "model")), str(obj["question_id"]), str(obj["text"])))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise SpecjaxError(f"{p}:{n}: not a completion record: expected question_id and text "
+                         f"({type(e).__name__}: {e})") from None
+  return rows
+
+
+def cmd_eval_code(args) -> int:
+  from specjax import codeeval
+  from specjax.prompts import load_prompts
+  tasks = load_prompts(args.prompts, None, args.limit)
+  if not all(t.task_field("test") for t in tasks):
+    from specjax.errors import SpecjaxError
+    raise SpecjaxError(f"{args.prompts}: eval-code needs HumanEval records (task_id, prompt, entry_point, test)")
+  if args.completions:
+    replies = _read_completions(args.completions)
+    wanted = {str(t.question_id) for t in tasks}
+    replies = [r for r in replies if r[1] in wanted] if args.limit else replies
+  else:
+    from specjax import api
+    _check_drafter(args)
+    m = _load(args)
+    outputs, _ = api.generate(m, tasks, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                              max_len=args.max_len, progress=True, **_drafter_kwargs(args), draft=_load_draft(args))
+    label = "autoregressive" if args.drafter == "none" else args.drafter
+    replies = [(label, str(o.question_id), o.text) for o in outputs]
+  res = codeeval.evaluate_all(tasks, replies, timeout_s=args.timeout)
+  methods = res["methods"]
+  first = next(iter(methods.values()))
+  for row in methods.values():   # the same tasks passed as the first method (plain decoding in bench output)?
+    row["same_outcomes_as_first"] = [o["passed"] for o in row["outcomes"]] == [o["passed"] for o in first["outcomes"]]
+
+  def human(r):
+    for name, row in r["methods"].items():
+      print(f"{name:32s} pass@1 {row['pass_at_1']:.3f} ({row['passed']}/{row['total']})"
+            + ("" if row["same_outcomes_as_first"] else "  (outcomes differ from the first method)"))
+  _emit(res, args.json, human)
+  return 0
+
+
 def cmd_eval_draft(args) -> int:
   from specjax.checkpoints import drafter_io
   from specjax.prompts import load_prompts
@@ -764,6 +846,7 @@ def cmd_cache(args) -> int:
 COMMANDS = {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "acceptance-vector": cmd_acceptance_vector, "run": cmd_run, "models": cmd_models,
             "train": cmd_train, "merge-data": cmd_merge_data, "eval-draft": cmd_eval_draft, "cache": cmd_cache,
+            "eval-code": cmd_eval_code,
             "calibrate": cmd_calibrate, "cost": cmd_cost, "serve-sim": cmd_serve_sim,
             "serve": cmd_serve, "loadgen": cmd_loadgen}
 

@@ -1,4 +1,11 @@
-"""Prompt files: Spec-Bench JSON Lines (``{"question_id", "category", "turns"}``) or plain text lines."""
+"""Prompt files: the project's JSON Lines (``{"id", "category", "prompt"}``), Spec-Bench's (``{"question_id",
+"category", "turns"}``), HumanEval's (``{"task_id", "prompt", "entry_point", "test", ...}``) or plain text lines.
+
+A HumanEval record's ``prompt`` is a function stub (signature and docstring), not a request, so it is wrapped
+in a short instruction (``HUMANEVAL_INSTRUCTION``) before the model's chat template is applied: the model is
+asked to reply with the whole function in one Python code block.  Its category is ``humaneval``; the record's
+``test`` and ``entry_point`` stay on the prompt (``Prompt.task``) for ``specjax eval-code``.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +17,25 @@ from specjax.errors import SpecjaxError
 
 DEFAULT_PROMPTS = "specjax-prompts"   # the project's own set, shipped in specjax/data/prompts.jsonl
 
+HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the complete function, "
+                         "including its signature and any imports it needs, in one ```python code block.\n\n"
+                         "```python\n{stub}```")
+
+
+def wrap_code_stub(stub: str) -> str:
+  """The user message for a HumanEval-style function stub (documented in the README)."""
+  return HUMANEVAL_INSTRUCTION.format(stub=stub if stub.endswith("\n") else stub + "\n")
+
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
   question_id: int | str
   category: str
   text: str           # the first turn: the user message
+  task: tuple = ()    # a code task's (("prompt", stub), ("entry_point", name), ("test", code)), for eval-code
+
+  def task_field(self, name: str) -> str | None:
+    return dict(self.task).get(name)
 
 
 def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...] | list[str] | None = None,
@@ -45,14 +65,19 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...]
     if line.startswith("{"):
       try:
         obj = json.loads(line)
-        if "prompt" in obj:     # the project's own format: {"id", "category", "prompt"}
+        task: tuple = ()
+        if "task_id" in obj and "prompt" in obj:   # HumanEval: a stub, wrapped in an instruction
+          text, qid = wrap_code_stub(str(obj["prompt"])), obj["task_id"]
+          obj.setdefault("category", "humaneval")
+          task = tuple((k, str(obj[k])) for k in ("prompt", "entry_point", "test") if k in obj)
+        elif "prompt" in obj:     # the project's own format: {"id", "category", "prompt"}
           text, qid = obj["prompt"], obj.get("id", n)
         else:                   # Spec-Bench / MT-bench: {"question_id", "category", "turns"}, first turn
           text, qid = obj["turns"][0], obj.get("question_id", n)
-        prompts.append(Prompt(qid, str(obj.get("category", "")), str(text)))
+        prompts.append(Prompt(qid, str(obj.get("category", "")), str(text), task))
       except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-        raise SpecjaxError(f"{where}:{n}: not a prompt record: expected a 'prompt' string or a Spec-Bench "
-                           f"non-empty 'turns' list ({e})") from e
+        raise SpecjaxError(f"{where}:{n}: not a prompt record: expected a 'prompt' string (with 'task_id' "
+                           f"for HumanEval) or a Spec-Bench non-empty 'turns' list ({e})") from e
     else:
       prompts.append(Prompt(n, "", line))
   if categories:

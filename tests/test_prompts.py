@@ -7,8 +7,8 @@ from specjax.prompts import load_prompts
 
 def test_builtin_set():
   ps = load_prompts("specjax-prompts")
-  assert len(ps) == 40 and len({p.category for p in ps}) == 11 and all(p.text for p in ps)
-  assert len(load_prompts("specjax-prompts", per_category=1)) == 11
+  assert len(ps) == 52 and len({p.category for p in ps}) == 12 and all(p.text for p in ps)
+  assert len(load_prompts("specjax-prompts", per_category=1)) == 12
 
 
 def test_both_jsonl_formats_and_text(tmp_path):

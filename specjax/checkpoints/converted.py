@@ -237,7 +237,7 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
       if flat.dtype != np.dtype(dtype) or offset < 0 or offset + flat.size > sizes[name]:
         raise CheckpointError(f"conversion wrote {flat.size} {flat.dtype} values at {offset} of tensor '{name}' "
                               f"({sizes[name]} {np.dtype(dtype).name} values)")
-      buf = memoryview(np.ascontiguousarray(flat)).cast("B")
+      buf = memoryview(np.ascontiguousarray(flat).reshape(-1).view(np.uint8))
       pos, done = len(head) + offsets[name] + offset * itemsize, 0
       while done < len(buf):                 # pwrite may write less than asked (large buffers)
         done += os.pwrite(fd, buf[done:], pos + done)

