@@ -4,6 +4,7 @@ Each returns rows (one dict per table line), a summary dict, and declarative plo
 renders (see ``specjax.runner.make_plot``).
 """
 from experiments.acceptance_vs_k import acceptance_vs_k
+from experiments import coder_pair as _coder_pair
 from experiments import batch_sweep as _batch_sweep
 from experiments.drafter_table import drafter_table
 from experiments.layerskip_search import layerskip_search
@@ -13,7 +14,8 @@ from experiments.tree_shapes import tree_shapes
 
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
                "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table,
-               "roofline": _roofline.roofline, "batch_sweep": _batch_sweep.batch_sweep}
+               "roofline": _roofline.roofline, "batch_sweep": _batch_sweep.batch_sweep,
+               "coder_pair": _coder_pair.coder_pair}
 
 # Experiments that draw their own figures: plot(result, out_dir), called by the runner after results.json.
-PLOTTERS = {"roofline": _roofline.plot, "batch_sweep": _batch_sweep.plot}
+PLOTTERS = {"roofline": _roofline.plot, "batch_sweep": _batch_sweep.plot, "coder_pair": _coder_pair.plot}

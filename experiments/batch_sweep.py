@@ -40,14 +40,16 @@ def _decode_rate(history, tokens: int) -> float:
   return tokens / max(sum(h.seconds for h in history), 1e-9)
 
 
-def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max_len: int, log, **dkw) -> dict:
+def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max_len: int, log, draft=None,
+              **dkw) -> dict:
   """The same ``len(encoded)`` requests at every B (B slots, the rest queued; EOS ignored, so every request
   decodes max_new tokens), plainly and with k: decode speed ratio per B, and the cost model's prediction
-  from the acceptance per position and the rows per sequence measured at the smallest B."""
+  from the acceptance per position and the rows per sequence measured at the smallest B (plus, with a draft
+  model, its k forwards per step: ``costmodel.draft_time``)."""
   rows, acc_B1, rows_per_seq = [], None, None
   for B in batches:
     eng = factory.make_batcher(m, drafter=drafter, policy="fixed", k=k, slots=B, max_len=max_len, eos_ids=(),
-                               **dkw)
+                               draft=draft, **dkw)
     eng.warmup(max(len(e) for e in encoded))
     res = {}
     for label, policy in (("plain", pol.FixedK(0)), ("spec", pol.FixedK(k))):
@@ -78,6 +80,8 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
     B = r["B"]
     t_plain = costmodel.ragged_step_time(spec, m.cfg, [1] * B, [ctx] * B)
     t_spec = costmodel.ragged_step_time(spec, m.cfg, [rows_per_seq] * B, [ctx] * B)
+    if draft is not None:     # a draft model's own forwards (n-gram lookup is free; layer-skip is in rows)
+      t_spec += costmodel.draft_time(spec, draft.cfg, B, k, ctx, str(m.dtype))
     r["speedup_predicted"] = costmodel.expected_accepted(acc_B1, k) * t_plain / t_spec
   cross_m = next((r["B"] for r in rows if r["speedup_measured"] < 1), None)
   cross_p = next((r["B"] for r in rows if r["speedup_predicted"] < 1), None)
@@ -91,17 +95,27 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
                 batches=(1, 2, 4, 8, 16, 32), rates=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), requests: int = 32,
                 max_new_tokens: int = 64, policies=("never", "always", "off-above", "adaptive", "goodput"),
                 max_batch: int = 4, seed: int = 0, device: str | None = None, run_crossover: bool = True,
-                crossover_requests: int = 32,
+                crossover_requests: int = 32, draft: str | None = None,
                 log=print) -> dict:
+  """``draft``: the draft model for ``drafter = 'model'`` (default: the registry's draft for ``model``)."""
   spec = calibrate.load_or_calibrate(device, log=log)
   m = api.load(model)
+  if drafter == "model":
+    from specjax.checkpoints import registry
+    draft = draft or registry.default_draft(model)
+    if not draft:
+      from specjax.errors import SpecjaxError
+      raise SpecjaxError(f"batch_sweep.drafter = 'model' needs batch_sweep.draft ('{model}' has no registry draft)")
+  d = api.load(draft) if drafter == "model" else None
+  if d is not None:
+    api.check_same_vocabulary(m, d)
   chosen = pick_prompts(prompts, categories)
   encoded = [m.tokenizer.encode_chat(p.text) for p in chosen]
   max_len = costmodel.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
   out = {"title": f"batch sweep: {model}, {drafter}, {len(chosen)} prompts, {max_new_tokens} new tokens"}
   if run_crossover:
     reqs = [encoded[i % len(encoded)] for i in range(crossover_requests)]
-    cross = crossover(m, spec, reqs, drafter, k, list(batches), max_new_tokens, max_len, log)
+    cross = crossover(m, spec, reqs, drafter, k, list(batches), max_new_tokens, max_len, log, draft=d)
     out.update({"crossover_rows": cross["rows"], "crossover_batch_measured": cross["crossover_batch_measured"],
                 "crossover_batch_predicted": cross["crossover_batch_predicted"],
                 "acceptance_by_position": cross["acceptance_by_position"],
@@ -113,7 +127,7 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
     out.update({"rows": out.get("crossover_rows", []), "summary": {}, "plots": []})
     return out
   eng = factory.make_batcher(m, drafter=drafter, policy="goodput", k=k, buckets=buckets, slots=slots,
-                             max_len=max_len, spec=spec, max_batch=max_batch)
+                             max_len=max_len, spec=spec, max_batch=max_batch, draft=d)
   log(f"[batch_sweep] load sweep: {slots} slots, warm-up {eng.warmup(max(len(e) for e in encoded)):.1f}s")
   goodput = eng.policy
   make = {"never": lambda: pol.FixedK(0), "always": lambda: pol.FixedK(k),

@@ -258,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
   co = sub.add_parser("cost", help="the cost model's prediction: step time, bound, speculative speedup, the KV "
                                    "bill and the largest batch that fits a memory budget")
   co.add_argument("--model", default="smollm2-135m", help="registry name or a model path (only its config is read)")
-  co.add_argument("--draft-model", default=None, help="a draft model's config for its step cost and KV")
+  co.add_argument("--draft-model", default=None,
+                  help="a draft model's config for its step cost, weights and KV (default: the registry's draft for "
+                       "--model, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b; 'none': no draft model)")
   co.add_argument("--device", default=None,
                   help="a published spec (h100-sxm, h200, a100-sxm-80gb, tpu-v5e) or a calibration JSON; "
                        "default: this machine, calibrated")
@@ -571,7 +573,10 @@ def cmd_cost(args) -> int:
   from specjax import calibrate, costmodel
   from specjax.errors import SpecjaxError
   cfg = _model_config(args.model)
-  dcfg = _model_config(args.draft_model) if args.draft_model else None
+  if args.draft_model is None:
+    from specjax.checkpoints import registry
+    args.draft_model = registry.default_draft(args.model)
+  dcfg = _model_config(args.draft_model) if args.draft_model and args.draft_model != "none" else None
   spec = calibrate.load_or_calibrate(args.device, log=_log)
   if args.dtype == "auto":
     args.dtype = "bfloat16" if args.device in costmodel.DEVICES else "float32"

@@ -254,3 +254,58 @@ def test_bench_counts_identical_outputs():
   plain = [[[1, 2, 3]], [[4, 5]], None]
   assert bench.identical_outputs(plain, [[[1, 2, 3]], [[4, 5]], None]) == (2, 2)
   assert bench.identical_outputs(plain, [[[1, 2, 3]], [[4, 6]], None]) == (1, 2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The experiment end to end, on a tiny qwen2 target and a one-layer draft sharing its tokenizer
+
+
+def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
+  from experiments import coder_pair as cp
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  target = write_gguf(tmp_path / "t.gguf", QWEN, random_hf_params(QWEN, seed=7), arch="qwen2", permute=False,
+                      pre="qwen2")
+  small = QWEN.replace(num_layers=1)
+  draft = write_gguf(tmp_path / "d.gguf", small, random_hf_params(small, seed=8), arch="qwen2", permute=False,
+                     pre="qwen2")
+  res = cp.coder_pair(model=str(target), draft=str(draft), prompts=str(task_file), limit=2, max_new_tokens=10,
+                      max_len=256, ks=(2,), sequoia_budgets=(3,), dynamic_budgets=(), acceptance_ranks=2,
+                      acceptance_depths=1, ngram_ks=(), ngram_trees=(), layerskip_ks=(1,), draft_layers=1,
+                      device="h200", log=lambda *_: None)
+  groups = [r["group"] for r in res["rows"]]
+  assert groups == ["plain", "model chain", "model sequoia", "layerskip"]
+  assert res["summary"]["all_outputs_identical"]                         # greedy: token for token
+  chains = [r for r in res["rows"] if r["group"] in ("model chain", "layerskip")]
+  assert all(r["cost_model_speedup"] is not None and r["cost_model_speedup"] > 0 for r in chains)
+  assert all(r.get("cost_model_speedup") is None for r in res["rows"] if "sequoia" in r["group"])
+  cp.plot(res, tmp_path)    # the k plot (chains) and the N plot (trees)
+  assert (tmp_path / "tau_speedup_vs_k.png").is_file() and (tmp_path / "tau_speedup_vs_nodes.png").is_file()
+
+
+def test_coder_pair_method_grid():
+  from experiments import coder_pair as cp
+  specs = cp.method_specs(ks=(1, 2), sequoia_budgets=(8,), dynamic_budgets=(4, 16), dynamic_top_k=2,
+                          dynamic_depth=8, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",), layerskip_ks=(3,),
+                          draft_layers=14, acceptance=[0.9, 0.05])
+  assert [(g, x) for g, x, _ in specs] == [("model chain", 1), ("model chain", 2), ("model sequoia", 8),
+                                           ("model dynamic", 4), ("model dynamic", 16), ("ngram chain", 5),
+                                           ("ngram trie", 8), ("layerskip", 3)]
+  assert specs[4][2]["tree"] == "dynamic:16:2:8" and specs[2][2]["acceptance"] == [0.9, 0.05]
+  with pytest.raises(SpecjaxError, match="acceptance table"):
+    cp.method_specs(sequoia_budgets=(8,))
+
+
+def test_coder_pair_needs_prompts():
+  from experiments import coder_pair as cp
+  with pytest.raises(SpecjaxError, match="coder_pair.prompts"):
+    cp.coder_pair(prompts="")
+
+
+def test_presets_match_the_real_files_when_cached():
+  from specjax import config
+  for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+    path = registry.cached_path(name)
+    if not path.is_file():
+      pytest.skip(f"{name} is not cached (the suite never downloads it)")
+    got = gguf_loader.open_gguf(path).cfg
+    assert got.replace(name=name) == config.PRESETS[name]
