@@ -309,3 +309,18 @@ def test_presets_match_the_real_files_when_cached():
       pytest.skip(f"{name} is not cached (the suite never downloads it)")
     got = gguf_loader.open_gguf(path).cfg
     assert got.replace(name=name) == config.PRESETS[name]
+
+
+def test_bad_pairs_and_long_prompts_are_one_line_errors(tmp_path, qwen_gguf, monkeypatch, capsys):
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  other = QWEN.replace(vocab_size=QWEN.vocab_size + 8, num_layers=1)     # another tokenizer's vocabulary size
+  wrong = write_gguf(tmp_path / "other.gguf", other, random_hf_params(other, seed=9), arch="qwen2",
+                     permute=False, pre="qwen2")
+  rc = cli.main(["generate", "--model", str(qwen_gguf), "--drafter", "model", "--draft", str(wrong),
+                 "--prompt", "hello", "--max-new-tokens", "4"])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert rc == 2 and err.startswith("specjax: error: draft model") and "tokenizer" in err
+  rc = cli.main(["generate", "--model", str(qwen_gguf), "--prompt", "hello world " * 200, "--max-len", "256",
+                 "--max-new-tokens", "4"])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert rc == 2 and "does not fit the KV cache of 256 positions" in err
