@@ -64,7 +64,7 @@ def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
 
 
 def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.5b", prompts: str = "",
-               categories=None, limit: int | None = 20, max_new_tokens: int = 256, max_len: int = 1024,
+               categories=None, per_category: int | None = None, limit: int | None = 20, max_new_tokens: int = 256, max_len: int = 1024,
                ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(8, 16, 32), dynamic_budgets=(4, 8, 16, 32),
                dynamic_top_k: int = 2, dynamic_depth: int = 8, acceptance_ranks: int = 4,
                acceptance_depths: int = 4, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",),
@@ -73,7 +73,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
                        "--gin-binding \"coder_pair.prompts = '../shared/data/humaneval/HumanEval_0-99.jsonl'\"")
-  chosen = pick_prompts(prompts, categories, None, limit)
+  chosen = pick_prompts(prompts, categories, per_category, limit)
   m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, log=log)
   api.check_same_vocabulary(m, d)
   eos = tuple(m.tokenizer.eos_token_ids)
