@@ -324,3 +324,23 @@ def test_bad_pairs_and_long_prompts_are_one_line_errors(tmp_path, qwen_gguf, mon
                  "--max-new-tokens", "4"])
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert rc == 2 and "does not fit the KV cache of 256 positions" in err
+
+
+def test_cost_vs_measured_script(tmp_path):
+  import importlib.util
+  from specjax import config, costmodel
+  spec_ = importlib.util.spec_from_file_location("cvm", Path(__file__).resolve().parents[1] / "scripts" /
+                                                 "cost_vs_measured.py")
+  cvm = importlib.util.module_from_spec(spec_)
+  spec_.loader.exec_module(cvm)
+  cfg = config.PRESETS["qwen2.5-coder-1.5b"]
+  method = {"drafter": "model", "k": 5, "tree": "chain:5", "method": "model chain:5", "speedup": 1.9,
+            "mean_accepted_length": 5.0, "acceptance_by_position": [0.95] * 5}
+  tree = dict(method, tree="dynamic:12:2:6", method="model dynamic:12:2:6")
+  result = {"model": "qwen2.5-coder-1.5b", "batch_size": 1, "dtype": "float32",
+            "kv_bytes_live_mean": 300 * costmodel.kv_bytes_per_token(cfg), "methods": [method, tree]}
+  rows = cvm.predictions(result, "h200", log=lambda *_: None)
+  want = costmodel.predicted_speedup(costmodel.DEVICES["h200"], cfg, [0.95] * 5, 5, 1, 300, "float32",
+                                     config.PRESETS["qwen2.5-coder-0.5b"])
+  assert rows[0]["cost_model"] == pytest.approx(want) and rows[0]["context"] == 300
+  assert rows[0]["error"] == pytest.approx(want / 1.9 - 1) and rows[1]["cost_model"] is None
