@@ -265,9 +265,25 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
   if drafter == "eagle":
     return _eagle_drafter(m, draft, depth or k, buckets) + (k,)
   if draft is None:
-    raise SpecjaxError("drafter 'model' needs a draft model: pass --draft MODEL")
+    draft = default_draft_model(m)
+  elif isinstance(draft, (str, os.PathLike)):
+    draft = load(os.fspath(draft), dtype=str(m.dtype))
   check_same_vocabulary(m, draft)
   return spec.ModelDrafter(draft.cfg, name="model", buckets=buckets), draft.exec_params, k
+
+
+def default_draft_model(m: Model) -> Model:
+  """The registry's draft for the target ``m`` (loaded once, in the target's dtype, and kept with it)."""
+  from specjax.checkpoints import registry
+  name = registry.default_draft(m.source)
+  if name is None:
+    raise SpecjaxError(f"drafter 'model' needs a draft model: pass --draft MODEL ('{m.source}' has no default "
+                       "draft in the registry; `specjax models` lists them)")
+  key = ("default-draft", name)
+  if key not in m._compiled:
+    _log(f"drafter 'model': loading the registry's draft for {m.source}, {name}")
+    m._compiled[key] = load(name, dtype=str(m.dtype))
+  return m._compiled[key]
 
 
 def _eagle_drafter(m: Model, draft, depth: int, buckets):
@@ -540,6 +556,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
+  if drafter == "model" and draft is None:
+    draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:
     m = on_mesh(m, mesh)
     if draft is not None:

@@ -344,3 +344,14 @@ def test_cost_vs_measured_script(tmp_path):
                                      config.PRESETS["qwen2.5-coder-0.5b"])
   assert rows[0]["cost_model"] == pytest.approx(want) and rows[0]["context"] == 300
   assert rows[0]["error"] == pytest.approx(want / 1.9 - 1) and rows[1]["cost_model"] is None
+
+
+def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
+  from specjax import api
+  target = type("M", (), {"source": "qwen2.5-coder-1.5b", "dtype": "float32", "_compiled": {}})()
+  loaded = []
+  monkeypatch.setattr(api, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
+  assert api.default_draft_model(target) == "the draft" and api.default_draft_model(target) == "the draft"
+  assert loaded == [("qwen2.5-coder-0.5b", "float32")]                 # loaded once, kept with the target
+  with pytest.raises(SpecjaxError, match="no default draft"):
+    api.default_draft_model(type("M", (), {"source": "smollm2-135m", "dtype": "float32", "_compiled": {}})())
