@@ -70,11 +70,8 @@ def enabled() -> bool:
 
 
 def file_sha256(path: Path) -> str:
-  h = hashlib.sha256()
   with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def source_digest(path: Path) -> str:

@@ -76,11 +76,8 @@ def _umask() -> int:
 
 
 def _sha256_file(path: Path) -> str:
-  h = hashlib.sha256()
   with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def part_file(parts_dir: Path, index: int) -> Path:
