@@ -240,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
   ec.add_argument("--prompts", required=True, help="the HumanEval JSONL the tasks come from (by path)")
   ec.add_argument("--limit", type=int, default=None, help="use only the first N tasks")
   ec.add_argument("--completions", default=None,
-                  help="JSON Lines of replies to test (`bench --outputs`: method, question_id, text); without "
-                       "it the model generates them (greedy, --max-new-tokens)")
+                  help="replies to test: JSON Lines (`bench --outputs`: method, question_id, text) or a "
+                       "`generate --json` result (method = the file's name); without it the model generates "
+                       "them (greedy, --max-new-tokens)")
   ec.add_argument("--max-new-tokens", type=int, default=256)
   ec.add_argument("--timeout", type=float, default=10.0, help="seconds each test may run (default 10)")
   ec.add_argument("--batch-size", type=int, default=1)
@@ -752,8 +753,15 @@ def _read_completions(path: str) -> list[tuple[str, str, str]]:
   p = Path(path)
   if not p.is_file():
     raise SpecjaxError(f"completions file not found: {p} (write one with `specjax bench ... --outputs FILE`)")
+  text = p.read_text(encoding="utf-8")
+  try:                            # a `specjax generate --json` result: {"outputs": [...], "stats": ...}
+    whole = json.loads(text)
+  except ValueError:
+    whole = None
+  if isinstance(whole, dict) and isinstance(whole.get("outputs"), list):
+    return [(p.stem, str(o["question_id"]), str(o["text"])) for o in whole["outputs"]]
   rows = []
-  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+  for n, line in enumerate(text.splitlines(), 1):
     if not line.strip():
       continue
     try:

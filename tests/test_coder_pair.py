@@ -246,6 +246,11 @@ def test_eval_code_cli(task_file, tmp_path, capsys):
   out = json.loads(capsys.readouterr().out)["methods"]
   assert out["autoregressive"]["pass_at_1"] == 1.0 and out["spec"]["pass_at_1"] == 0.0
   assert out["autoregressive"]["same_outcomes_as_first"] and not out["spec"]["same_outcomes_as_first"]
+  gen = tmp_path / "generated.json"          # a `specjax generate --json` result works too
+  gen.write_text(json.dumps({"outputs": [{"question_id": t["task_id"], "text": t["canonical_solution"],
+                                          "token_ids": []} for t in TASKS], "stats": {}}))
+  assert cli.main(["eval-code", "--prompts", str(task_file), "--completions", str(gen), "--json"]) == 0
+  assert json.loads(capsys.readouterr().out)["methods"]["generated"]["pass_at_1"] == 1.0
   assert cli.main(["eval-code", "--prompts", str(task_file), "--completions", str(tmp_path / "none")]) == 2
   assert "completions file not found" in capsys.readouterr().err
 
