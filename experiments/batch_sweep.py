@@ -48,11 +48,17 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
   model, its k forwards per step: ``costmodel.draft_time``)."""
   rows, acc_B1, rows_per_seq = [], None, None
   for B in batches:
-    eng = factory.make_batcher(m, drafter=drafter, policy="fixed", k=k, slots=B, max_len=max_len, eos_ids=(),
-                               draft=draft, **dkw)
-    eng.warmup(max(len(e) for e in encoded))
+    spec_eng = factory.make_batcher(m, drafter=drafter, policy="fixed", k=k, slots=B, max_len=max_len, eos_ids=(),
+                                    draft=draft, **dkw)
+    spec_eng.warmup(max(len(e) for e in encoded))
+    # Plain decoding without any drafter: at k = 0 a model drafter's batcher still runs the draft forward that
+    # keeps its cache in step (to switch speculation back on), which plain decoding does not pay.
+    plain_eng = spec_eng if draft is None else factory.make_batcher(m, drafter="none", policy="fixed", k=0,
+                                                                    slots=B, max_len=max_len, eos_ids=())
+    if plain_eng is not spec_eng:
+      plain_eng.warmup(max(len(e) for e in encoded))
     res = {}
-    for label, policy in (("plain", pol.FixedK(0)), ("spec", pol.FixedK(k))):
+    for label, eng, policy in (("plain", plain_eng, pol.FixedK(0)), ("spec", spec_eng, pol.FixedK(k))):
       eng.policy = policy
       eng.history.clear()
       before = jax.device_get(eng.state.stats)       # the state is donated at each step

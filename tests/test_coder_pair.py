@@ -360,3 +360,24 @@ def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
   assert loaded == [("qwen2.5-coder-0.5b", "float32")]                 # loaded once, kept with the target
   with pytest.raises(SpecjaxError, match="no default draft"):
     api.default_draft_model(type("M", (), {"source": "smollm2-135m", "dtype": "float32", "_compiled": {}})())
+
+
+def test_crossover_with_a_draft_model_times_plain_decoding_without_it(tmp_path, monkeypatch):
+  from experiments import batch_sweep
+  from specjax import api, costmodel
+  from specjax.serving import factory
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  target = write_gguf(tmp_path / "t.gguf", QWEN, random_hf_params(QWEN, seed=7), arch="qwen2", permute=False,
+                      pre="qwen2")
+  small = QWEN.replace(num_layers=1)
+  draft = write_gguf(tmp_path / "d.gguf", small, random_hf_params(small, seed=8), arch="qwen2", permute=False,
+                     pre="qwen2")
+  m, d = api.load(str(target)), api.load(str(draft))
+  made = []
+  real = factory.make_batcher
+  monkeypatch.setattr(factory, "make_batcher", lambda *a, **kw: made.append(kw["drafter"]) or real(*a, **kw))
+  encoded = [m.tokenizer.encode_chat("hello world"), m.tokenizer.encode_chat("the world")]
+  res = batch_sweep.crossover(m, costmodel.DEVICES["h200"], encoded, "model", 2, [1], 4, 256, lambda *_: None,
+                              draft=d)
+  assert made == ["model", "none"]                 # plain decoding runs a batcher with no drafter at all
+  assert res["rows"][0]["speedup_predicted"] > 0 and len(res["acceptance_by_position"]) == 2
