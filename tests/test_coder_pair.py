@@ -265,14 +265,17 @@ def test_bench_counts_identical_outputs():
 # The experiment end to end, on a tiny qwen2 target and a one-layer draft sharing its tokenizer
 
 
+def _tiny_pair(tmp_path):
+  """A tiny qwen2 target and a one-layer draft sharing its tokenizer, as GGUF files."""
+  small = QWEN.replace(num_layers=1)
+  return tuple(write_gguf(tmp_path / f"{name}.gguf", cfg, random_hf_params(cfg, seed=seed), arch="qwen2",
+                          permute=False, pre="qwen2") for name, cfg, seed in (("t", QWEN, 7), ("d", small, 8)))
+
+
 def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
   from experiments import coder_pair as cp
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-  target = write_gguf(tmp_path / "t.gguf", QWEN, random_hf_params(QWEN, seed=7), arch="qwen2", permute=False,
-                      pre="qwen2")
-  small = QWEN.replace(num_layers=1)
-  draft = write_gguf(tmp_path / "d.gguf", small, random_hf_params(small, seed=8), arch="qwen2", permute=False,
-                     pre="qwen2")
+  target, draft = _tiny_pair(tmp_path)
   res = cp.coder_pair(model=str(target), draft=str(draft), prompts=str(task_file), limit=2, max_new_tokens=10,
                       max_len=256, ks=(2,), sequoia_budgets=(3,), dynamic_budgets=(), acceptance_ranks=2,
                       acceptance_depths=1, ngram_ks=(), ngram_trees=(), layerskip_ks=(1,), draft_layers=1,
@@ -367,11 +370,7 @@ def test_crossover_with_a_draft_model_times_plain_decoding_without_it(tmp_path, 
   from specjax import api, costmodel
   from specjax.serving import factory
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-  target = write_gguf(tmp_path / "t.gguf", QWEN, random_hf_params(QWEN, seed=7), arch="qwen2", permute=False,
-                      pre="qwen2")
-  small = QWEN.replace(num_layers=1)
-  draft = write_gguf(tmp_path / "d.gguf", small, random_hf_params(small, seed=8), arch="qwen2", permute=False,
-                     pre="qwen2")
+  target, draft = _tiny_pair(tmp_path)
   m, d = api.load(str(target)), api.load(str(draft))
   made = []
   real = factory.make_batcher
