@@ -39,17 +39,18 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
   return out
 
 
-def cost_model_speedup(device, cfg, group: str, k: int, acceptance_by_position, context: int, dtype: str,
-                       draft_cfg=None, draft_layers=None) -> float | None:
-  """The cost model's speedup for a chain of k of this group (None for trees, which it does not model)."""
-  if not group.endswith("chain") and group != "layerskip":
+def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg=None) -> float | None:
+  """The cost model's speedup for a bench result ``r`` that drafted a chain (None for a tree, which the model
+  does not price): the draft model's forwards for ``model``, the target's first layers for ``layerskip``,
+  nothing for ``ngram``; the chain's measured acceptance per position."""
+  if not (r.get("tree") or f"chain:{r['k']}").startswith("chain:"):
     return None
   dcfg = None
-  if group == "model chain":
+  if r["drafter"] == "model":
     dcfg = draft_cfg
-  elif group == "layerskip":
-    dcfg = cfg.replace(num_layers=len(api.parse_layers(draft_layers, cfg.num_layers)))
-  return costmodel.predicted_speedup(device, cfg, acceptance_by_position, k, 1, context, dtype, dcfg)
+  elif r["drafter"] == "layerskip":
+    dcfg = cfg.replace(num_layers=len(api.parse_layers(r["draft_layers"], cfg.num_layers)))
+  return costmodel.predicted_speedup(device, cfg, r["acceptance_by_position"], r["k"], 1, context, dtype, dcfg)
 
 
 def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
@@ -59,7 +60,8 @@ def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
           "speedup": r["speedup"], "speedup_median": r["speedup_median"], "speedup_ci95": r["speedup_ci95"],
           "tokens_per_s": r["spec_tokens_per_s"], "draft_ms": r["draft_ms"], "verify_ms": r["verify_ms"],
           "predicted_speedup": r["predicted_speedup"], "cost_model_speedup": predicted_cm,
-          "cost_model_error": err, "outputs_identical": f"{r['outputs_identical']}/{r['outputs_compared']}",
+          "cost_model_error": err, "outputs_identical": r["outputs_identical"],
+          "outputs_compared": r["outputs_compared"],
           "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]]}
 
 
@@ -95,10 +97,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   context = int(ar["kv_bytes_live_mean"] / bench.kv_bytes_per_token(m))
   rows = [{"group": "plain", "x": 0, "method": "autoregressive", "k": 0, "mean_accepted_length": 1.0,
            "speedup": 1.0, "tokens_per_s": ar["ar_tokens_per_s"]}]
-  for (group, x, sp), r in zip(methods, results):
-    cm = cost_model_speedup(spec, m.cfg, group, r["k"], r["acceptance_by_position"], context, dtype, d.cfg,
-                            sp.get("draft_layers"))
-    rows.append(_row(group, x, r, cm))
+  for (group, x, _), r in zip(methods, results):
+    rows.append(_row(group, x, r, cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg)))
   spec_rows = rows[1:]
   best = max(spec_rows, key=lambda r: r["speedup"])
   best_by_group = {g: max((r for r in spec_rows if r["group"] == g), key=lambda r: r["speedup"])["method"]
@@ -112,8 +112,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                   "best": {k_: best[k_] for k_ in ("method", "speedup", "mean_accepted_length")},
                   "best_by_group": best_by_group,
                   "max_cost_model_error": max((abs(r["cost_model_error"]) for r in chains), default=None),
-                  "all_outputs_identical": all(r["outputs_identical"].split("/")[0] == r["outputs_identical"].split("/")[1]
-                                               for r in spec_rows),
+                  "all_outputs_identical": all(r["outputs_identical"] == r["outputs_compared"] for r in spec_rows),
                   "acceptance_table": acc},
       "files": {"acceptance_table.json": measured} if measured else {},
   }

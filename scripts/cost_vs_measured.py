@@ -28,19 +28,14 @@ def predictions(bench: dict, device=None, draft_model: str | None = None, log=pr
   spec = calibrate.load_or_calibrate(device, log=log)
   methods = bench.get("methods") or [bench]
   context = int(bench["kv_bytes_live_mean"] / max(1, bench["batch_size"]) / costmodel.kv_bytes_per_token(cfg))
+  from experiments.coder_pair import cost_model_speedup
   rows = []
   for r in methods:
-    tree = r.get("tree") or f"chain:{r['k']}"
     dname = draft_model or (registry.default_draft(bench["model"]) if r["drafter"] == "model" else None)
-    dcfg = config.PRESETS.get(dname) if dname else None
-    if r["drafter"] == "layerskip":
-      dcfg = cfg.replace(num_layers=len(r["draft_layers"]))
-    pred = None
-    if tree.startswith("chain:"):
-      pred = costmodel.predicted_speedup(spec, cfg, r["acceptance_by_position"], r["k"], bench["batch_size"],
-                                         context, bench.get("dtype", "float32"), dcfg)
-    rows.append({"method": r.get("method", f"{r['drafter']} {tree}"), "measured": r["speedup"],
-                 "measured_median": r.get("speedup_median"), "cost_model": pred,
+    pred = cost_model_speedup(spec, cfg, r, context, bench.get("dtype", "float32"),
+                              config.PRESETS.get(dname) if dname else None)
+    rows.append({"method": r.get("method", f"{r['drafter']} {r.get('tree') or 'chain:' + str(r['k'])}"),
+                 "measured": r["speedup"], "measured_median": r.get("speedup_median"), "cost_model": pred,
                  "error": None if pred is None else pred / r["speedup"] - 1.0,
                  "tau": r["mean_accepted_length"], "device": spec.name, "context": context})
   return rows

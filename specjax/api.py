@@ -266,8 +266,6 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
     return _eagle_drafter(m, draft, depth or k, buckets) + (k,)
   if draft is None:
     draft = default_draft_model(m)
-  elif isinstance(draft, (str, os.PathLike)):
-    draft = load(os.fspath(draft), dtype=str(m.dtype))
   check_same_vocabulary(m, draft)
   return spec.ModelDrafter(draft.cfg, name="model", buckets=buckets), draft.exec_params, k
 

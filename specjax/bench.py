@@ -119,9 +119,12 @@ class Method:
   settings: dict
 
 
+AR_LABEL = "autoregressive"     # plain decoding's method name (bench --outputs, eval-code)
+
+
 def autoregressive_method(m: Model, eos_ids, max_len: int) -> Method:
   engine = make_engine(m, spec.NoDrafter(), 0, sampling.SamplingParams(), eos_ids, max_len)
-  return Method("autoregressive", engine, (), 0, {"drafter": "none", "k": 0})
+  return Method(AR_LABEL, engine, (), 0, {"drafter": "none", "k": 0})
 
 
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
@@ -358,10 +361,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   return ar, results
 
 
-ar_label = "autoregressive"
-
-
-def _generations(m: Model, prompts: list[Prompt], batch_size: int, labels: list[str], outputs: list) -> list:
+def _generations(m: Model, prompts: list[Prompt], labels: list[str], outputs: list) -> list:
   """Each method's output for each prompt (first repeat): {method, question_id, text, token_ids}."""
   rows = []
   for label, per_batch in zip(labels, outputs):
@@ -415,7 +415,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer)
   outputs = ar.pop("outputs")
-  result["generations"] = _generations(m, prompts, batch_size, [ar_label] + [r["method"] for r in spec_results],
+  result["generations"] = _generations(m, prompts, [AR_LABEL] + [r["method"] for r in spec_results],
                                        outputs)
   result.update(ar)
   if spec_results:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 

