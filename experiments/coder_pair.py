@@ -8,6 +8,8 @@ Methods (each a row; ``group`` and ``x`` place it in the plots):
   model dynamic N      a tree chosen every step from the 0.5B's scores (EAGLE-2 style), N nodes
   ngram chain k / trie prompt lookup as a chain, and as a trie merging several earlier continuations
   layerskip k          the target's own first layers as the draft
+  hybrid chain k       prompt lookup where the last ``hybrid_match`` tokens occurred before, the 0.5B elsewhere
+                       (``speculative.hybrid``)
 
 Beside each chain's measured speedup stands the cost model's prediction (``costmodel.predicted_speedup`` on
 this machine's calibration, ``specjax calibrate``, with the measured per-position acceptance and the draft's
@@ -22,7 +24,8 @@ from experiments.common import pick_prompts, setup
 
 def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budgets=(), dynamic_top_k: int = 2,
                  dynamic_depth: int = 8, ngram_ks=(), ngram_trees=(), ngram_caps=api.DEFAULT_NGRAM_CAPS,
-                 layerskip_ks=(), draft_layers=None, acceptance=None) -> list[tuple[str, int, dict]]:
+                 layerskip_ks=(), draft_layers=None, acceptance=None, hybrid_ks=(),
+                 hybrid_match: int = 3) -> list[tuple[str, int, dict]]:
   """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison."""
   out: list[tuple[str, int, dict]] = [("model chain", k, {"drafter": "model", "k": k}) for k in ks]
   if sequoia_budgets and acceptance is None:
@@ -36,6 +39,7 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
     n = api.resolve_tree(tree, drafter="ngram", max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
     out.append(("ngram trie", n, {"drafter": "ngram", "tree": tree, "ngram_caps": ngram_caps}))
   out += [("layerskip", k, {"drafter": "layerskip", "k": k, "draft_layers": draft_layers}) for k in layerskip_ks]
+  out += [("hybrid chain", k, {"drafter": "hybrid", "k": k, "ngram": hybrid_match}) for k in hybrid_ks]
   return out
 
 
@@ -43,8 +47,8 @@ def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg
   """The cost model's speedup for a bench result ``r`` that drafted a chain (None for a tree, which the model
   does not price): the draft model's forwards for ``model``, the target's first layers for ``layerskip``,
   nothing for ``ngram``; the chain's measured acceptance per position."""
-  if not (r.get("tree") or f"chain:{r['k']}").startswith("chain:"):
-    return None
+  if not (r.get("tree") or f"chain:{r['k']}").startswith("chain:") or r["drafter"] == "hybrid":
+    return None                # (a hybrid's steps mix free lookups and model drafts: not a chain the model prices)
   dcfg = None
   if r["drafter"] == "model":
     dcfg = draft_cfg
@@ -70,7 +74,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(8, 16, 32), dynamic_budgets=(4, 8, 16, 32),
                dynamic_top_k: int = 2, dynamic_depth: int = 8, acceptance_ranks: int = 4,
                acceptance_depths: int = 4, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",),
-               ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, device: str | None = None,
+               ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, hybrid_ks=(5, 7),
+               hybrid_match: int = 3, device: str | None = None,
                repeats: int = 1, log=print) -> dict:
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
@@ -87,7 +92,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                                      depths=acceptance_depths, max_new_tokens=max_new_tokens, max_len=max_len)
   acc = measured.get("acceptance_table", measured["acceptance_vector"]) if measured else None
   methods = method_specs(ks, sequoia_budgets, dynamic_budgets, dynamic_top_k, dynamic_depth, ngram_ks,
-                         ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc)
+                         ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match)
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)

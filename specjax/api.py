@@ -23,7 +23,7 @@ import numpy as np
 
 from specjax import costmodel, decode, distributed, machine, model as model_lib, sampling
 from specjax import speculative as spec
-from specjax.speculative import tree_shapes
+from specjax.speculative import hybrid, tree_shapes
 from specjax.speculative.drafters import DynamicShape, shape_for
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
@@ -211,7 +211,8 @@ def pad_batch(token_lists: Sequence[Sequence[int]], batch_size: int, pad_to: int
   return arr, np.array([len(r) for r in rows], np.int32)
 
 
-DRAFTERS = ("none", "ngram", "layerskip", "model", "eagle")
+DRAFTERS = ("none", "ngram", "layerskip", "model", "hybrid", "eagle")
+MODEL_DRAFTERS = ("model", "hybrid")   # drafters that run a separate draft model (``--draft``, its memory bill)
 # Draft at most 1 token after a 1-token n-gram match and 3 after a 2-token one (k after longer matches).
 # Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
 DEFAULT_NGRAM_CAPS = (1, 3)
@@ -267,6 +268,12 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
   if draft is None:
     draft = default_draft_model(m)
   check_same_vocabulary(m, draft)
+  if drafter == "hybrid":
+    if ngram < 1:
+      raise SpecjaxError(f"--ngram must be >= 1, got {ngram}")
+    if depth not in (None, k):
+      raise SpecjaxError("drafter 'hybrid' drafts chains only: drop --tree (or give chain:K)")
+    return hybrid.hybrid_drafter(draft.cfg, k, min_match=ngram, buckets=buckets), draft.exec_params, k
   return spec.ModelDrafter(draft.cfg, name="model", buckets=buckets), draft.exec_params, k
 
 
@@ -554,7 +561,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
-  if drafter == "model" and draft is None:
+  if drafter in MODEL_DRAFTERS and draft is None:
     draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:
     m = on_mesh(m, mesh)
@@ -570,7 +577,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
       depth=choice.shape.max_depth if choice else None,
       max_len=max_len, ngram_caps=ngram_caps)
   check_fits([len(e) for e in encoded], max_new_tokens, max_len)
-  check_memory(m, max_len, k_max, batch_size, draft.cfg if drafter == "model" and draft is not None else None,
+  check_memory(m, max_len, k_max, batch_size, draft.cfg if drafter in MODEL_DRAFTERS and draft is not None else None,
                sampling_=temperature > 0, budget=memory_budget)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
   engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len, tree=choice.shape if choice else None)

@@ -63,8 +63,9 @@ def _add_mesh(p: argparse.ArgumentParser) -> None:
 
 def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
                  many_trees: bool = False) -> None:
-  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | eagle")
-  p.add_argument("--draft", default=None, help="--drafter model: a draft model (same tokenizer as --model); "
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle "
+                 "(hybrid: prompt lookup where the last --ngram tokens occurred before, the draft model elsewhere)")
+  p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
                  "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
   if trees:
     p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
@@ -74,7 +75,8 @@ def _add_drafter(p: argparse.ArgumentParser, trees: bool = True, default: str = 
                         + ("; repeat it to compare several trees in the same run" if many_trees else ""))
     p.add_argument("--acceptance", default=None,
                    help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
-  p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram")
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram; "
+                 "the match --drafter hybrid needs before it drafts by lookup")
   p.add_argument("--ngram-caps", default="1,3",
                  help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
                       "matches draft --k); 'none' drafts --k after any match (default 1,3)")
@@ -352,15 +354,15 @@ def _load(args):
 def _load_draft(args):
   from specjax import api
   from specjax.errors import SpecjaxError
-  if args.drafter == "model" and not args.draft:
+  if args.drafter in api.MODEL_DRAFTERS and not args.draft:
     from specjax.checkpoints import registry
     args.draft = registry.default_draft(args.model)
     if not args.draft:
-      raise SpecjaxError(f"--drafter model needs --draft MODEL (a small model sharing the target's tokenizer); "
+      raise SpecjaxError(f"--drafter {args.drafter} needs --draft MODEL (a small model sharing the target's tokenizer); "
                          f"'{args.model}' has no default draft in the registry (`specjax models` lists them)")
-    _log(f"[specjax] --drafter model: the registry's draft for {args.model} is {args.draft}")
-  if args.draft and args.drafter not in ("model", "eagle"):
-    raise SpecjaxError(f"--draft is only used with --drafter model or eagle (got --drafter {args.drafter})")
+    _log(f"[specjax] --drafter {args.drafter}: the registry's draft for {args.model} is {args.draft}")
+  if args.draft and args.drafter not in api.MODEL_DRAFTERS + ("eagle",):
+    raise SpecjaxError(f"--draft is only used with --drafter model, hybrid or eagle (got --drafter {args.drafter})")
   if args.drafter == "eagle":
     if not args.draft:
       raise SpecjaxError("--drafter eagle needs --draft DIR (a trained drafter; `specjax models` lists them, "

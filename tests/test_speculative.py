@@ -12,6 +12,7 @@ from specjax import config, kv_cache, model, sampling
 from specjax.speculative import (Engine, ModelDrafter, NgramDrafter, NoDrafter, SpeculativeSampling,
                                  generate, layer_subset)
 from specjax.speculative.drafters import propose_chain
+from specjax.speculative.hybrid import HybridDrafter, _SyncingModel
 from specjax.speculative.tree import TreeAcceptance
 
 CFG = config.TINY.replace(num_layers=3)
@@ -32,6 +33,10 @@ def _drafters(target):
                 model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))),
       "layerskip": (ModelDrafter(CFG.replace(num_layers=2), buckets=BUCKETS), layer_subset(target, (0, 2))),
       "self": (ModelDrafter(CFG, buckets=BUCKETS), target),   # every draft accepted: the bonus-token path
+      # lookup where 2 tokens repeat, the model elsewhere; catch-up chunks of 3 (several per step at K = 8)
+      "hybrid": (HybridDrafter(_SyncingModel(DRAFT_CFG, buckets=BUCKETS, window=3), min_match=2),
+                 model.unstack_layers(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)))),
+      "hybrid_self": (HybridDrafter(_SyncingModel(CFG, buckets=BUCKETS, window=3), min_match=2), target),
   }
 
 
@@ -52,7 +57,7 @@ PROMPTS = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10], [3
 LENS = np.array([6, 8, 1])
 
 
-@pytest.mark.parametrize("name", ["ngram", "ngram_capped", "model", "layerskip", "self"])
+@pytest.mark.parametrize("name", ["ngram", "ngram_capped", "model", "layerskip", "self", "hybrid", "hybrid_self"])
 def test_greedy_output_equals_plain_greedy(target, name):
   drafter, dparams = _drafters(target)[name]
   max_new = np.array([20, 13, 17], np.int32)
@@ -68,6 +73,8 @@ def test_greedy_output_equals_plain_greedy(target, name):
     s = st.stats
     assert int(s.accepted_B.sum()) <= int(s.drafted_B.sum())
     assert np.all(np.asarray(s.pos_accepted_K) <= np.asarray(s.pos_reached_K))
+  if name in ("self", "hybrid_self") and K == 8:
+    assert int(s.accepted_B.sum()) > 0
   if name == "self":
     assert int(s.accepted_B.sum()) == int(s.drafted_B.sum()) > 0
   if name == "ngram_capped":   # verifications with fewer live rows happened, and full ones too
@@ -88,6 +95,36 @@ def test_ngram_caps_limit_proposals_by_match_length():
                                    4, None, sp)
     assert limit.tolist() == [want], caps
     assert toks[0, :want].tolist() == [1, 2, 3, 9][:want]
+
+
+def test_hybrid_uses_both_sources_and_keeps_its_draft_cache_exact(target):
+  """After lookup steps (the draft model skipped) and model steps (catching up first), the draft cache holds,
+  at every position it calls synced, exactly what one prefill of the draft model over the tokens gives."""
+  drafter, dparams = _drafters(target)["hybrid_self"]
+  max_new = np.array([24, 24, 24], np.int32)
+  base, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new)
+  out, st = _run(target, drafter, dparams, 4, PROMPTS, LENS, max_new)
+  assert out == base
+  lookups, iters = np.asarray(st.draft.lookup_steps_B), int(st.stats.iterations)
+  assert lookups.sum() > 0 and np.any(lookups < iters), (lookups, iters)   # both sources drafted
+  seq, synced = np.asarray(st.seq_BxS), np.asarray(st.draft.synced_B)
+  ref = kv_cache.init_cache(CFG, 3, 64)
+  T = int(synced.max())
+  ref = model.forward(dparams, CFG, jnp.asarray(seq[:, :T]), jnp.broadcast_to(jnp.arange(T), (3, T)), ref).cache
+  for b in range(3):
+    assert synced[b] >= LENS[b] + 1, synced
+    n = int(synced[b])
+    np.testing.assert_allclose(np.asarray(st.draft.cache.k)[:, b, :n], np.asarray(ref.k)[:, b, :n], atol=2e-4)
+    np.testing.assert_allclose(np.asarray(st.draft.cache.v)[:, b, :n], np.asarray(ref.v)[:, b, :n], atol=2e-4)
+
+
+def test_hybrid_refuses_trees():
+  from specjax.speculative import tree_shapes
+  d = HybridDrafter(_SyncingModel(DRAFT_CFG), min_match=2)
+  seq = jnp.zeros((1, 16), jnp.int32)
+  with pytest.raises(ValueError, match="chains only"):
+    d.propose((), None, seq, jnp.asarray([3]), seq[:, 3], tree_shapes.parse_tree_spec("branch:2,1").build(None),
+              None, sampling.SamplingParams())
 
 
 def test_k_active_masks_slots(target):
@@ -177,10 +214,13 @@ def test_speculative_sampling_is_lossless(sp):
   p_model = _chi2_pvalue(_spec_samples(target, draft, sp), joint)
   p_ngram = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2)), joint)
   p_capped = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2, match_caps=(1,))), joint)
+  # hybrid: a 1-token match is common among 12 tokens, so lookup, model and mixed steps all occur
+  p_hybrid = _chi2_pvalue(_spec_samples(target, draft, sp, drafter=HybridDrafter(_SyncingModel(MICRO), 1)), joint)
   p_broken = _chi2_pvalue(_spec_samples(target, draft, sp, acceptance=AcceptAlways()), joint)
   assert p_model > 1e-3, p_model
   assert p_ngram > 1e-3, p_ngram
   assert p_capped > 1e-3, p_capped
+  assert p_hybrid > 1e-3, p_hybrid
   assert p_broken < 1e-6, p_broken        # the test has power: a wrong rule is caught
 
 

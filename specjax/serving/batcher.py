@@ -149,7 +149,7 @@ class ContinuousBatcher:
     self.k_top = max(buckets)
     self.buckets = buckets
     api.check_memory(m, max_len + self.k_top + 1, self.k_top, self.slots,
-                     draft.cfg if drafter == "model" and draft is not None else None,
+                     draft.cfg if drafter in api.MODEL_DRAFTERS and draft is not None else None,
                      sampling_=not self.sp.greedy, budget=memory_budget)
     d_obj, self.draft_params, _ = api.build_drafter(m, drafter, k=max(self.k_top, 1), draft=draft,
                                                     max_len=max_len, depth=max(self.k_top, 1), **drafter_kwargs)

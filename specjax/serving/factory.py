@@ -25,7 +25,7 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
     return costmodel.rows_step_time(spec, cfg, total_rows, contexts, mesh=mesh)
 
   dcfg = None
-  if drafter == "model" and draft is not None:
+  if drafter in ("model", "hybrid") and draft is not None:
     dcfg = draft.cfg
   elif drafter == "layerskip":
     from specjax.api import parse_layers
