@@ -53,3 +53,34 @@ def write_json_files(files: dict[str, Any], out_dir: Path) -> None:
     if Path(name).name != name:
       raise ValueError(f"experiment file name '{name}' must be a plain file name, without directories")
     (Path(out_dir) / name).write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def make_plot(rows: list[dict], spec: dict, out_dir: Path) -> None:
+  """A declarative plot: {"file", "x", "y", "group" (optional), "kind": "bar" | "line", "title"}."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  x, y, group = spec["x"], spec["y"], spec.get("group")
+  rows = [r for r in rows if r.get(y) is not None and r.get(x) is not None]
+  fig, ax = plt.subplots(figsize=(7, 4))
+  groups = sorted({r.get(group) for r in rows}, key=str) if group else [None]
+  for gi, g in enumerate(groups):
+    sel = [r for r in rows if group is None or r.get(group) == g]
+    xs, ys = [r[x] for r in sel], [r[y] for r in sel]
+    if spec.get("kind", "line") == "bar":
+      width = 0.8 / len(groups)
+      pos = [i + gi * width for i in range(len(xs))]
+      ax.bar(pos, ys, width=width, label=str(g) if group else None)
+      ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs], rotation=30,
+                    ha="right")
+    else:
+      ax.plot(xs, ys, marker="o", label=str(g) if group else None)
+  ax.set_xlabel(spec.get("xlabel", x))
+  ax.set_ylabel(spec.get("ylabel", y))
+  ax.set_title(spec.get("title", f"{y} vs {x}"))
+  if group:
+    ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_dir / spec["file"], dpi=120)
+  plt.close(fig)

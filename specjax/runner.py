@@ -15,6 +15,7 @@ from typing import Callable
 
 import gin
 
+from specjax import report
 from specjax.errors import ConfigError
 
 _CONFIGURABLE_RUN: Callable | None = None
@@ -105,40 +106,8 @@ def run_from_files(config_files: list[str], bindings: list[str], out: str | None
 
 
 def write_run(out_dir: Path, result: dict, config_str: str) -> None:
-  from specjax.report import write_csv
   (out_dir / "config.gin").write_text(config_str, encoding="utf-8")
   (out_dir / "results.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
-  write_csv(result.get("rows", []), out_dir / "results.csv")
+  report.write_csv(result.get("rows", []), out_dir / "results.csv")
   for plot in result.get("plots", []):
-    make_plot(result["rows"], plot, out_dir)
-
-
-def make_plot(rows: list[dict], spec: dict, out_dir: Path) -> None:
-  """A declarative plot: {"file", "x", "y", "group" (optional), "kind": "bar" | "line", "title"}."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  x, y, group = spec["x"], spec["y"], spec.get("group")
-  rows = [r for r in rows if r.get(y) is not None and r.get(x) is not None]
-  fig, ax = plt.subplots(figsize=(7, 4))
-  groups = sorted({r.get(group) for r in rows}, key=str) if group else [None]
-  for gi, g in enumerate(groups):
-    sel = [r for r in rows if group is None or r.get(group) == g]
-    xs, ys = [r[x] for r in sel], [r[y] for r in sel]
-    if spec.get("kind", "line") == "bar":
-      width = 0.8 / len(groups)
-      pos = [i + gi * width for i in range(len(xs))]
-      ax.bar(pos, ys, width=width, label=str(g) if group else None)
-      ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs], rotation=30,
-                    ha="right")
-    else:
-      ax.plot(xs, ys, marker="o", label=str(g) if group else None)
-  ax.set_xlabel(spec.get("xlabel", x))
-  ax.set_ylabel(spec.get("ylabel", y))
-  ax.set_title(spec.get("title", f"{y} vs {x}"))
-  if group:
-    ax.legend()
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(out_dir / spec["file"], dpi=120)
-  plt.close(fig)
+    report.make_plot(result["rows"], plot, out_dir)

@@ -279,13 +279,13 @@ def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
   res = cp.coder_pair(model=str(target), draft=str(draft), prompts=str(task_file), limit=2, max_new_tokens=10,
                       max_len=256, ks=(2,), sequoia_budgets=(3,), dynamic_budgets=(), acceptance_ranks=2,
                       acceptance_depths=1, ngram_ks=(), ngram_trees=(), layerskip_ks=(1,), draft_layers=1,
-                      device="h200", log=lambda *_: None)
+                      hybrid_ks=(3,), hybrid_match=1, device="h200", log=lambda *_: None)
   groups = [r["group"] for r in res["rows"]]
-  assert groups == ["plain", "model chain", "model sequoia", "layerskip"]
+  assert groups == ["plain", "model chain", "model sequoia", "layerskip", "hybrid chain"]
   assert res["summary"]["all_outputs_identical"]                         # greedy: token for token
   chains = [r for r in res["rows"] if r["group"] in ("model chain", "layerskip")]
   assert all(r["cost_model_speedup"] is not None and r["cost_model_speedup"] > 0 for r in chains)
-  assert all(r.get("cost_model_speedup") is None for r in res["rows"] if "sequoia" in r["group"])
+  assert all(r.get("cost_model_speedup") is None for r in res["rows"] if r["group"] in ("model sequoia", "hybrid chain"))
   cp.plot(res, tmp_path)    # the k plot (chains) and the N plot (trees)
   assert (tmp_path / "tau_speedup_vs_k.png").is_file() and (tmp_path / "tau_speedup_vs_nodes.png").is_file()
 
@@ -301,6 +301,21 @@ def test_coder_pair_method_grid():
   assert specs[4][2]["tree"] == "dynamic:16:2:8" and specs[2][2]["acceptance"] == [0.9, 0.05]
   with pytest.raises(SpecjaxError, match="acceptance table"):
     cp.method_specs(sequoia_budgets=(8,))
+
+
+def test_hybrid_drafter_through_the_api(tmp_path, monkeypatch):
+  """``drafter="hybrid"`` takes the draft like ``model`` (given or the registry's), is greedy-exact, and
+  refuses a tree in one line."""
+  from specjax import api
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  target, draft = (api.load(str(p)) for p in _tiny_pair(tmp_path))
+  prompts = ["def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n", "Say hello, hello, hello"]
+  plain, _ = api.generate(target, prompts, max_new_tokens=24, ignore_eos=True)
+  out, _ = api.generate(target, prompts, drafter="hybrid", draft=draft, k=4, ngram=1, max_new_tokens=24,
+                        ignore_eos=True, batch_size=2)      # one batch: lookup and model rows side by side
+  assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+  with pytest.raises(SpecjaxError, match="chains only"):
+    api.generate(target, prompts, drafter="hybrid", draft=draft, tree="branch:2,1", max_new_tokens=4)
 
 
 def test_coder_pair_needs_prompts():

@@ -432,7 +432,7 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
                  **{f"greedy_{i + 1}": round(a, 4) for i, a in enumerate(ev["greedy_match_by_position"])}})
     _log(f"{kind}: held-out 1 - TVD by position {ev['tvd_acceptance_by_position']}")
   from specjax.report import write_csv
-  from specjax.runner import make_plot
+  from specjax.report import make_plot
   write_csv(rows, run / "results.csv")
   long = [{"loss": r["loss"], "position": i + 1, "1 - TVD": r[f"tvd_acc_{i + 1}"]}
           for r in rows for i in range(eval_positions)]
