@@ -66,7 +66,8 @@ def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
           "predicted_speedup": r["predicted_speedup"], "cost_model_speedup": predicted_cm,
           "cost_model_error": err, "outputs_identical": r["outputs_identical"],
           "outputs_compared": r["outputs_compared"],
-          "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]]}
+          "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]],
+          **({"lookup_step_share": r["lookup_step_share"]} if "lookup_step_share" in r else {})}
 
 
 def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.5b", prompts: str = "",

@@ -152,6 +152,7 @@ class Run(NamedTuple):
   stats: Any            # SpecStats
   contexts: list        # mean context length of each live sequence
   new_tokens: list = []  # each live sequence's generated tokens (the first, from prefill, included)
+  lookup_steps: int | None = None   # hybrid drafter: live steps whose chain came from prompt lookup
 
 
 def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, timer: Timer) -> Run:
@@ -161,9 +162,11 @@ def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, time
                                method.k_max, timer)
   num_new = distributed.to_host(res.num_new_B)[:live]
   seq = distributed.to_host(res.seq_BxS)
+  lookups = getattr(res.draft, "lookup_steps_B", None)
   return Run(max(t, 1e-9), int(np.sum(np.maximum(num_new - 1, 0))), res.stats,
              [float(l + n / 2) for l, n in zip(lens[:live], num_new)],
-             [seq[b, lens[b]:lens[b] + num_new[b]].tolist() for b in range(live)])
+             [seq[b, lens[b]:lens[b] + num_new[b]].tolist() for b in range(live)],
+             None if lookups is None else int(np.sum(distributed.to_host(lookups)[:live])))
 
 
 def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len: int, *, repeats: int = 1,
@@ -183,7 +186,7 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
       arr, lens, _ = batches[0]
       _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, 2, max_len, method.k_max, timer)
   seconds, tokens = np.zeros((M, R, P)), np.zeros((M, R, P), np.int64)
-  stats, contexts = [None] * M, [[] for _ in range(M)]
+  stats, contexts, lookups = [None] * M, [[] for _ in range(M)], [None] * M
   outputs: list = [[None] * P for _ in range(M)]
   order = paired_lib.schedule(M, P, R, paired)
   for n, (r, p, i) in enumerate(order):
@@ -194,11 +197,14 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
                                                                          res.stats)
       contexts[i] += res.contexts
       outputs[i][p] = list(res.new_tokens)
+      if res.lookup_steps is not None:
+        lookups[i] = (lookups[i] or 0) + res.lookup_steps
     if P > 1 and (n + 1) % M == 0:
       log(f"[bench] repeat {r + 1}/{R}, prompt batch {p + 1}/{P}: "
           + ", ".join(f"{methods[j].label} {tokens[j, r, p] / seconds[j, r, p]:.1f} tok/s" for j in range(M)
                       if seconds[j, r, p]))
-  return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts, "outputs": outputs}
+  return {"seconds": seconds, "tokens": tokens, "stats": stats, "contexts": contexts, "outputs": outputs,
+          "lookup_steps": lookups}
 
 
 def identical_outputs(plain: list, other: list) -> tuple[int, int]:
@@ -354,6 +360,9 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
         "verify_ms_by_rows": {str(w): t * 1e3 for w, t in t_by_width.items()},
         "spec_iteration_ms": float(secs[i, 0].sum()) / max(1, metrics["iterations"]) * 1e3,
         "predicted_speedup": predicted, "efficiency": stats["speedup"] / predicted})
+    if timed["lookup_steps"][i] is not None:    # hybrid: the share of live steps drafted by lookup, no forward
+      live_steps = float(np.sum(distributed.to_host(timed["stats"][i].verify_steps_B)))
+      results[-1]["lookup_step_share"] = timed["lookup_steps"][i] / max(live_steps, 1.0)
     log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
         f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; output identical to "
         f"plain decoding for {same}/{compared} sequences")

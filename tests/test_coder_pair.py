@@ -283,6 +283,8 @@ def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
   groups = [r["group"] for r in res["rows"]]
   assert groups == ["plain", "model chain", "model sequoia", "layerskip", "hybrid chain"]
   assert res["summary"]["all_outputs_identical"]                         # greedy: token for token
+  hybrid = res["rows"][-1]
+  assert 0.0 <= hybrid["lookup_step_share"] <= 1.0 and "lookup_step_share" not in res["rows"][1]
   chains = [r for r in res["rows"] if r["group"] in ("model chain", "layerskip")]
   assert all(r["cost_model_speedup"] is not None and r["cost_model_speedup"] > 0 for r in chains)
   assert all(r.get("cost_model_speedup") is None for r in res["rows"] if r["group"] in ("model sequoia", "hybrid chain"))
