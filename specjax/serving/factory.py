@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from specjax import costmodel
+from specjax.api import MODEL_DRAFTERS
 from specjax.serving import policies as pol
 from specjax.serving.batcher import ContinuousBatcher
 
@@ -25,7 +26,7 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
     return costmodel.rows_step_time(spec, cfg, total_rows, contexts, mesh=mesh)
 
   dcfg = None
-  if drafter in ("model", "hybrid") and draft is not None:
+  if drafter in MODEL_DRAFTERS and draft is not None:
     dcfg = draft.cfg
   elif drafter == "layerskip":
     from specjax.api import parse_layers

@@ -140,10 +140,6 @@ def _feature_layers(drafter):
   return getattr(drafter, "feature_layers", None)
 
 
-def _is_chain(shape) -> bool:
-  return isinstance(shape, tree_shapes.StaticTree) and shape.parents == (-1,) + tuple(range(shape.num_nodes))
-
-
 def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_active_B) -> SpecState:
   """One draft → verify → accept → commit iteration for every live sequence."""
   shape, N, D = engine.shape, engine.k_max, engine.depth
@@ -201,7 +197,7 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
 
   # The accepted path's K/V move next to the prefix (a chain's path is already there).
   new_cache = out.cache.with_lengths(new_lengths)
-  if not _is_chain(shape):
+  if not tree_shapes.is_chain(shape):
     new_cache = compact(new_cache, lengths, path)
   slots = d.slots_BxN1 if d.slots_BxN1 is not None else jnp.broadcast_to(node_ids, (B, N1)).astype(jnp.int32)
   path_slots = jnp.where(path >= 0, jnp.take_along_axis(slots, jnp.maximum(path, 0), axis=1), -1)

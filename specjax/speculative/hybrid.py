@@ -39,10 +39,6 @@ class HybridState(NamedTuple):
   lookup_steps_B: jax.Array  # steps whose chain came from the lookup (statistics)
 
 
-def _is_chain(shape) -> bool:
-  return isinstance(shape, tree_shapes.StaticTree) and shape.parents == (-1,) + tuple(range(shape.num_nodes))
-
-
 @dataclasses.dataclass(frozen=True)
 class _SyncingModel(ModelDrafter):
   """A ``ModelDrafter`` whose state is a ``HybridState``: its root forward first catches the draft cache up
@@ -110,7 +106,7 @@ class HybridDrafter:
     return self.model.forwards(shape)
 
   def propose(self, draft_params, state: HybridState, seq_BxS, lengths_B, last_B, shape, key, sp):
-    if not _is_chain(shape):
+    if not tree_shapes.is_chain(shape):
       raise ValueError(f"the hybrid drafter drafts chains only, got the tree {shape}")
     K = shape.num_nodes
     B = seq_BxS.shape[0]

@@ -132,6 +132,11 @@ class StaticTree:
     return tuple(p for i, p in enumerate(self.paths(), 1) if kids[i] == 0)
 
 
+def is_chain(shape) -> bool:
+  """A static tree that is one path (node i's parent is i - 1): nothing moves at commit, one row per depth."""
+  return isinstance(shape, StaticTree) and shape.parents == (-1,) + tuple(range(shape.num_nodes))
+
+
 def _tree_problem(parents: tuple[int, ...], ranks: tuple[int, ...]) -> str:
   """Empty string for a well-formed tree, else what is wrong."""
   if len(parents) != len(ranks):
