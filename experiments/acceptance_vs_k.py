@@ -28,7 +28,7 @@ def acceptance_vs_k(model: str = "smollm2-135m", prompts: str = "specjax-prompts
                  "predicted_speedup": r["predicted_speedup"], "efficiency": r["efficiency"],
                  "draft_ms": r["draft_ms"], "verify_ms": r["verify_ms"],
                  "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]]})
-  spec_rows = [r for r in rows if r["drafter"] != "none"]
+  spec_rows = rows[1:]                       # rows[0] is plain decoding
   best = max(spec_rows, key=lambda r: r["speedup"]) if spec_rows else rows[0]
   return {
       "title": f"acceptance vs k: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens",

@@ -15,7 +15,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from specjax import api, calibrate, costmodel
+from specjax import api, buffers, costmodel
+from specjax.measure import calibrate
+from specjax.speculative import registry as drafter_registry
 from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
 from experiments.common import pick_prompts
 
@@ -106,18 +108,19 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
   """``draft``: the draft model for ``drafter = 'model'`` (default: the registry's draft for ``model``)."""
   spec = calibrate.load_or_calibrate(device, log=log)
   m = api.load(model)
-  if drafter == "model":
+  draft_model = drafter_registry.get(drafter).draft_model
+  if draft_model:
     from specjax.checkpoints import registry
     draft = draft or registry.default_draft(model)
     if not draft:
       from specjax.errors import SpecjaxError
-      raise SpecjaxError(f"batch_sweep.drafter = 'model' needs batch_sweep.draft ('{model}' has no registry draft)")
-  d = api.load(draft) if drafter == "model" else None
+      raise SpecjaxError(f"batch_sweep.drafter = '{drafter}' needs batch_sweep.draft ('{model}' has no registry draft)")
+  d = api.load(draft) if draft_model else None
   if d is not None:
     api.check_same_vocabulary(m, d)
   chosen = pick_prompts(prompts, categories)
   encoded = [m.tokenizer.encode_chat(p.text) for p in chosen]
-  max_len = costmodel.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
+  max_len = buffers.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
   out = {"title": f"batch sweep: {model}, {drafter}, {len(chosen)} prompts, {max_new_tokens} new tokens"}
   if run_crossover:
     reqs = [encoded[i % len(encoded)] for i in range(crossover_requests)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from specjax import api, bench, costmodel
 from specjax.errors import SpecjaxError
+from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts, setup
 
 
@@ -47,13 +48,11 @@ def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg
   """The cost model's speedup for a bench result ``r`` that drafted a chain (None for a tree, which the model
   does not price): the draft model's forwards for ``model``, the target's first layers for ``layerskip``,
   nothing for ``ngram``; the chain's measured acceptance per position."""
-  if not (r.get("tree") or f"chain:{r['k']}").startswith("chain:") or r["drafter"] == "hybrid":
+  kind = drafter_registry.get(r["drafter"])
+  if not (r.get("tree") or f"chain:{r['k']}").startswith("chain:") or not kind.priced:
     return None                # (a hybrid's steps mix free lookups and model drafts: not a chain the model prices)
-  dcfg = None
-  if r["drafter"] == "model":
-    dcfg = draft_cfg
-  elif r["drafter"] == "layerskip":
-    dcfg = cfg.replace(num_layers=len(api.parse_layers(r["draft_layers"], cfg.num_layers)))
+  layers = api.parse_layers(r["draft_layers"], cfg.num_layers) if kind.layers else None
+  dcfg = drafter_registry.draft_config(kind, cfg, draft_cfg, layers)
   return costmodel.predicted_speedup(device, cfg, r["acceptance_by_position"], r["k"], 1, context, dtype, dcfg)
 
 
@@ -97,7 +96,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)
-  from specjax import calibrate
+  from specjax.measure import calibrate
   spec = calibrate.load_or_calibrate(device, log=log)
   dtype = str(m.dtype)
   context = int(ar["kv_bytes_live_mean"] / bench.kv_bytes_per_token(m))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from specjax import api, bench
+from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts
 
 
@@ -38,7 +39,7 @@ def drafter_table(model: str = "smollm2-135m", prompts: str = "specjax-prompts",
       spec = dict(spec)
       label = spec.pop("label", spec.get("drafter"))
       draft = spec.pop("draft", None)
-      if spec.get("drafter") == "model" and draft is not None:
+      if drafter_registry.get(spec.get("drafter")).draft_model and draft is not None:
         draft = loaded.setdefault(draft, api.load(draft))
       log(f"[drafter_table] {cat}: {label} ({len(chosen)} prompts)")
       ar, (r,) = bench.compare(m, batches, [spec], max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,

@@ -14,14 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import api, calibrate, costmodel, decode, kv_cache
+from specjax import api, buffers, costmodel, decode, kv_cache
+from specjax.measure import calibrate
 
 
 def time_forward(m: api.Model, B: int, T: int, context: int, repeats: int = 5) -> float:
   """Median seconds of one forward of B × T new tokens after ``context`` committed ones."""
-  S = costmodel.round_up_bucket(context + T + 1, 64)
+  S = buffers.round_up_bucket(context + T + 1, 64)
   cfg = m.cfg
-  buckets = decode.kv_buckets(S)
+  buckets = buffers.kv_buckets(S)
 
   def fwd(params, cache, tokens, positions):
     out = decode.windowed_forward(params, cfg, tokens, positions, cache, buckets=buckets)

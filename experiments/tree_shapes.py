@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from specjax import api, bench
 from specjax.errors import SpecjaxError
+from specjax.measure import calibrate
+from specjax.speculative import registry as drafter_registry
 from specjax.speculative import tree_shapes as shapes_lib
 from experiments.common import pick_prompts, setup
 
@@ -41,8 +43,9 @@ def tree_spec(shape: str, n: int, sequoia_depth: int | None = None, dynamic_top_
 
 
 def _check(shapes, budgets, drafter: str) -> None:
-  if drafter not in api.DRAFTERS or drafter == "none":
-    raise SpecjaxError(f"tree_shapes.drafter is '{drafter}': trees need one of ngram, layerskip, model")
+  kind = drafter_registry.get(drafter)
+  if not (kind.speculates and kind.trees):
+    raise SpecjaxError(f"tree_shapes.drafter is '{drafter}': trees need one of {', '.join(drafter_registry.TREE_NAMES)}")
   for s in shapes:
     tree_spec(s, 1)
   if not budgets or any(not isinstance(n, int) or n < 1 for n in budgets):
@@ -100,7 +103,7 @@ def tree_shapes(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
   acc = measured.get("acceptance_table", measured["acceptance_vector"]) if measured else None
   # Every static tree gets the table (for predicted τ); sequoia_flat is built from the depth-1 row alone.
   acc_by_shape = {"dynamic": None, "sequoia_flat": measured["acceptance_vector"] if measured else None}
-  bandwidth = bench.measure_read_bandwidth()        # once: only the roofline uses it
+  bandwidth = calibrate.measure_read_bandwidth()        # once: only the roofline uses it
   rows = []
   for n in budgets:
     trees = [(s, tree_spec(s, n, sequoia_depth, dynamic_top_k)) for s in shapes]

@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from specjax import settings
 
 ATTENTION_ENV = "SPECJAX_ATTENTION"
 ATTENTION_PATHS = ("native", "pallas", "xla")
@@ -66,7 +67,7 @@ _NEG_BIG = -1e30  # running-max floor: keeps exp(m_old - m_new) finite for rows 
 
 def attention_path(platform: str | None = None) -> str:
   """"native" | "pallas" | "xla" for ``platform`` (default: jax's default backend), see the module doc."""
-  forced = os.environ.get(ATTENTION_ENV, "").strip()
+  forced = settings.forced_attention()
   if forced:
     if forced not in ATTENTION_PATHS:
       raise ValueError(f"{ATTENTION_ENV}={forced!r}: allowed values are {', '.join(ATTENTION_PATHS)}")

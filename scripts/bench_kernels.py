@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config, decode, machine, model
+from specjax import buffers, config, model, provenance
 from specjax.kernels import cpu_attention, cpu_matmul, native
 
 ISAS = ["avx512"]   # kernel paths to time (set from --isa)
@@ -68,7 +68,7 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
   cfg = config.SMOLLM2_135M
   params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
   S = 2048
-  buckets = decode.kv_buckets(S)
+  buckets = buffers.kv_buckets(S)
   applies = cpu_attention.applies
   table = {(ctx, T): {"context": ctx, "new_tokens": T} for ctx in contexts for T in rows}
   variants = [(f"native_{isa}_attention_ms", True, isa) for isa in ISAS] + [("xla_attention_ms", False, None)]
@@ -125,8 +125,8 @@ def main():
   ISAS = {"best": [native.detected_isa()], "all": list(supported)}.get(
       args.isa, [i for i in args.isa.split(",") if i in supported])
   ints = lambda text: tuple(int(v) for v in text.split(","))   # noqa: E731
-  print(f"machine: {machine.short()}; paths timed: {', '.join(ISAS)}", flush=True)
-  result = {"machine": machine.describe(), "paths": ISAS, "matmul": bench_matmul(ints(args.rows))}
+  print(f"machine: {provenance.short()}; paths timed: {', '.join(ISAS)}", flush=True)
+  result = {"machine": provenance.describe(), "paths": ISAS, "matmul": bench_matmul(ints(args.rows))}
   if not args.skip_forward:
     result["forward"] = bench_forward(ints(args.contexts), ints(args.new_tokens))
   if args.json:

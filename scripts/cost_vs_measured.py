@@ -20,14 +20,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def predictions(bench: dict, device=None, draft_model: str | None = None, log=print) -> list[dict]:
-  from specjax import calibrate, config, costmodel
+  from specjax import config, memory
+  from specjax.measure import calibrate
   from specjax.checkpoints import registry
   cfg = config.PRESETS.get(bench["model"])
   if cfg is None:
     raise SystemExit(f"{bench['model']}: only registry models with a preset config are supported here")
   spec = calibrate.load_or_calibrate(device, log=log)
   methods = bench.get("methods") or [bench]
-  context = int(bench["kv_bytes_live_mean"] / max(1, bench["batch_size"]) / costmodel.kv_bytes_per_token(cfg))
+  context = int(bench["kv_bytes_live_mean"] / max(1, bench["batch_size"]) / memory.kv_bytes_per_token(cfg))
   from experiments.coder_pair import cost_model_speedup
   rows = []
   for r in methods:

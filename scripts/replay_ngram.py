@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 import specjax
-from specjax import api, bench, sampling
+from specjax import api, bench, buffers, sampling
 from specjax import speculative as spec
 from specjax.prompts import load_prompts
 from specjax.speculative.replay import replay_greedy
@@ -56,7 +56,7 @@ def main():
   ks = [int(k) for k in args.ks.split(",")]
   K = max(ks)
   median = int(np.argsort(P)[len(P) // 2])
-  arr, lens = api.pad_batch([encoded[median]], 1)
+  arr, lens = buffers.pad_batch([encoded[median]], 1)
   engine = api.make_engine(m, spec.NgramDrafter(args.ngram), K, sampling.SamplingParams(), (), 2048)
   _, t_rows = bench.time_draft_and_verify(m, engine, (), arr, lens, 2048)
   print("[replay] verify ms by live rows: " + ", ".join(f"{r}: {t * 1e3:.1f}" for r, t in t_rows.items()),

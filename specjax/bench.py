@@ -13,58 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import costmodel, decode, distributed, machine, sampling
+from specjax import buffers, decode, distributed, provenance, sampling
 from specjax import paired as paired_lib
 from specjax import speculative as spec
 from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits,
-                         compile_generate, device_inputs, encode_prompts, make_engine, on_mesh, pad_batch, parse_layers, resolve_tree,
+                         compile_generate, device_inputs, encode_prompts, make_engine, on_mesh, parse_layers, resolve_tree,
                          spec_metrics, tree_stats)
 from specjax.kv_cache import cache_bytes
+from specjax.measure import calibrate
 from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
-from specjax.speculative import tree_shapes
-
-
-def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
-  """Best read bandwidth (GB/s) this machine reaches with all its cores, by three streaming kernels.
-
-  The buffer (1 GiB by default) is far larger than the last-level cache, so it is DRAM bandwidth that is
-  measured.  Kernels: a BLAS matrix-vector product (multi-threaded), a reduction split over one thread per
-  core, and an XLA reduction.  Each is run ``repeats`` times and the best time kept.
-  """
-  x = np.ones(nbytes // 4, np.float32)
-  m = x.reshape(-1, 1024)
-  v = np.ones(1024, np.float32)
-  cores = os.cpu_count() or 1
-  parts = np.array_split(m, cores * 4)
-
-  def best(fn) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      fn()
-      times.append(time.perf_counter() - t0)
-    return x.nbytes / min(times) / 1e9
-
-  results = {"blas_matvec": best(lambda: m @ v)}
-  with ThreadPoolExecutor(cores) as pool:
-    results["threaded_sum"] = best(lambda: list(pool.map(lambda a: a.sum(), parts)))
-  xj = jnp.asarray(x)
-  jsum = jax.jit(jnp.sum)
-  results["xla_sum"] = best(lambda: jsum(xj).block_until_ready())
-  del xj
-  results["best"] = max(results.values())
-  return results
+from specjax.speculative import registry as drafter_registry, tree_shapes
 
 
 def kv_bytes_per_token(m: Model) -> int:
@@ -140,7 +106,7 @@ def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int 
   engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len,
                        tree=choice.shape if choice else None)
   settings = {"drafter": drafter, "k": k_max, **tree_stats(choice, k_max, acceptance)}
-  if drafter == "layerskip":
+  if drafter_registry.get(drafter).layers:
     settings["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
   label = f"{drafter} k={k_max}" if choice is None else f"{drafter} {choice.label}"
   return Method(label, engine, d_params, k_max, settings)
@@ -287,7 +253,7 @@ def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int,
   batches = []
   for s in range(0, len(encoded), batch_size):
     chunk = encoded[s:s + batch_size]
-    arr, lens = pad_batch(chunk, batch_size)
+    arr, lens = buffers.pad_batch(chunk, batch_size)
     batches.append((arr, lens, len(chunk)))
   return batches
 
@@ -312,7 +278,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   bw_before = bandwidth
   if bw_before is None:
     log("[bench] measuring read bandwidth (before decoding)")
-    bw_before = measure_read_bandwidth()
+    bw_before = calibrate.measure_read_bandwidth()
   methods = [autoregressive_method(m, eos_ids, max_len)] + [
       speculative_method(m, eos_ids, max_len, draft=draft, **sp) for sp in specs]
   timed = time_methods(m, methods, batches, max_new_tokens, max_len, repeats=repeats, paired=paired, log=log,
@@ -320,7 +286,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   bw_after = bandwidth
   if bw_after is None:
     log("[bench] measuring read bandwidth (after decoding)")
-    bw_after = measure_read_bandwidth()
+    bw_after = calibrate.measure_read_bandwidth()
   secs, toks = timed["seconds"], timed["tokens"]
   ar_tps = float(toks[0].sum() / secs[0].sum())
   ar_iters = max(1, int(distributed.to_host(timed["stats"][0].iterations)))
@@ -389,6 +355,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
   ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``)."""
+  kind = drafter_registry.get(drafter)
   if repeats < 1:
     raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
   if mesh is not None:
@@ -400,10 +367,10 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   acc_for = lambda t: None if len(trees) > 1 and str(t).startswith("dynamic") else acceptance  # noqa: E731
   choices = [resolve_tree(t, acc_for(t), drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
              for t in trees]          # a bad tree fails before any decoding
-  if max_len is None:                 # buffers sized to the request (costmodel.buffer_length)
-    nodes = 0 if drafter == "none" else max([c.num_nodes if c else k for c in choices])
+  if max_len is None:                 # buffers sized to the request (buffers.buffer_length)
+    nodes = max([c.num_nodes if c else k for c in choices]) if kind.speculates else 0
     longest = max(len(e) for e in encode_prompts(m, prompts))
-    max_len = costmodel.buffer_length(longest, max_new_tokens, nodes)
+    max_len = buffers.buffer_length(longest, max_new_tokens, nodes)
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
@@ -414,10 +381,10 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
       f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
             "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
-            "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": machine.describe(),
+            "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": provenance.describe(),
             "mesh": None if m.mesh is None else "x".join(map(str, m.mesh.devices.shape))}
-  log(f"[bench] machine: {machine.short(result['machine'])}")
-  specs = [] if drafter == "none" else [
+  log(f"[bench] machine: {provenance.short(result['machine'])}")
+  specs = [] if not kind.speculates else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
        "tree": t, "acceptance": acc_for(t)} for t in trees]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
@@ -434,7 +401,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   wall = time.perf_counter() - t_start
   load_s = m.load_s + getattr(draft, "load_s", 0.0)
   result.update(load_s=load_s, **timer.as_dict(), bench_s=wall)
-  result["machine"] = machine.describe()    # again: now with the kernel paths the run actually took
+  result["machine"] = provenance.describe()    # again: now with the kernel paths the run actually took
   log(f"[bench] {wall:.1f}s after loading: compile {timer.compile_s:.1f}s "
       f"({100 * timer.compile_s / max(wall, 1e-9):.0f}%), prefill {timer.prefill_s:.1f}s, "
       f"decode {timer.decode_s:.1f}s; loading took {load_s:.1f}s")

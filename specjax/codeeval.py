@@ -22,6 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
+from specjax import settings
 from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
 
@@ -57,7 +58,7 @@ def run_program(program: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str
     path = os.path.join(tmp, "program.py")
     with open(path, "w", encoding="utf-8") as f:
       f.write(program)
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"PATH": settings.get("PATH", ""), "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
     try:
       done = subprocess.run([sys.executable, "-I", path], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=timeout_s, check=False)

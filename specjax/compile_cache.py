@@ -5,7 +5,7 @@ A second process running the same command reads its executables back instead of 
   <cache>/xla/<machine tag>/      jax's own file cache (keyed by jax on the HLO, the compile options and the
                                   jax/jaxlib version)
 
-The machine tag names what jax's key leaves out but an executable depends on: the CPU (model and ISA flags:
+The machine tag (``machine.tag()``) names what jax's key leaves out but an executable depends on: the CPU (model and ISA flags:
 an executable compiled for AVX-512 must not run where there is none) or the accelerator kind, and the build
 of the native CPU kernels that executables call by name.  The kernels are registered before the cache is
 switched on, so an executable read back from it always finds its FFI targets.
@@ -17,13 +17,12 @@ misses) so that callers can say where time went: "compiled in 2.1 s" or "read fr
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
 import threading
 from pathlib import Path
 
 import jax
+from specjax import machine, settings
 from specjax.cache_location import cache_dir
 
 _STATE: dict = {"dir": None, "listening": False}
@@ -32,22 +31,7 @@ _LOCK = threading.Lock()
 
 
 def wanted() -> bool:
-  return os.environ.get("SPECJAX_COMPILE_CACHE", "1") != "0"
-
-
-def machine_tag() -> str:
-  """Short name of everything an executable depends on beyond what jax's cache key covers."""
-  backend = jax.default_backend()
-  parts = [backend, jax.__version__]
-  if backend == "cpu":
-    from specjax.kernels import native
-    from specjax.machine import cpu_info
-    info = cpu_info()
-    parts += [info["model"], str(info["family"]), str(info["model_number"]), " ".join(info["flags"]),
-              native.source_digest() if native.available() else "xla-only"]
-  else:
-    parts += sorted({d.device_kind for d in jax.devices()})
-  return f"{backend}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}"
+  return settings.compile_cache_wanted()
 
 
 def enable(on: bool | None = None) -> Path | None:
@@ -65,7 +49,7 @@ def enable(on: bool | None = None) -> Path | None:
     jax.config.update("jax_enable_compilation_cache", False)
     _STATE["dir"] = None
     return None
-  path = cache_dir() / "xla" / machine_tag()
+  path = cache_dir() / "xla" / machine.tag()
   if _STATE["dir"] == path:
     return path
   try:

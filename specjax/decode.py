@@ -18,16 +18,6 @@ from specjax.kv_cache import KVCache
 # Reading only the live part of the cache
 
 
-def kv_buckets(max_len: int, smallest: int = 256) -> tuple[int, ...]:
-  """Attention window sizes to compile: powers of two from ``smallest`` up to (and including) max_len."""
-  sizes, w = [], smallest
-  while w < max_len:
-    sizes.append(w)
-    w *= 2
-  sizes.append(max_len)
-  return tuple(sizes)
-
-
 def windowed_forward(params, cfg: ModelConfig, tokens_BxT, positions_BxT, cache: KVCache,
                      extra_mask_BxTxT=None, buckets: tuple[int, ...] | None = None, live_T=None,
                      region_mask_BxTxU=None, slots_BxT=None, feature_layers=None, inputs_embeds_BxTxD=None,

@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 from specjax.errors import SpecjaxError
+from specjax.settings import environment
 
 ENV_COORDINATOR = "SPECJAX_COORDINATOR"
 ENV_NUM_PROCESSES = "SPECJAX_NUM_PROCESSES"
@@ -41,7 +42,7 @@ def add_flags(p) -> None:
 
 def settings(coordinator=None, num_processes=None, process_id=None, auto=False, environ=None) -> dict | None:
   """The initialize arguments from flags, then the environment; None for a single-process run."""
-  env = os.environ if environ is None else environ
+  env = environment() if environ is None else environ
 
   def pick(flag, name, cast):
     if flag is not None:

@@ -1,14 +1,18 @@
-"""What machine a measurement was made on: recorded in every ``bench`` JSON and every run directory.
+"""This machine, at the bottom of the house: its CPU, its cores, the kernel path it runs and one tag naming it.
 
-The same command can differ by 2x between two of the machines these benchmarks run on (an AVX-512 Intel
-and an AVX2-only AMD, say), so a number without its machine cannot be compared with anything.
+The same command can differ by 2x between two of the machines these benchmarks run on (an AVX-512 Intel and
+an AVX2-only AMD, say), so every stored measurement (calibration, kernel choices, compiled executables) is
+filed under ``tag()``, and every number is recorded with ``specjax.provenance.describe()``.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 
 import jax
+
+from specjax.kernels import native
 
 # The CPU features that decide which kernel path runs (and that explain a number).
 RELEVANT_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
@@ -49,35 +53,33 @@ def cpu_name() -> str:
   return name
 
 
-def describe() -> dict:
-  """The machine, as recorded next to every benchmark number."""
-  from specjax.kernels import native
-  info = cpu_info()
-  backend = jax.default_backend()
-  kernels = native.isa() if backend == "cpu" else None
+def cores() -> int:
+  """The cores this process may run on."""
   try:
-    cores = len(os.sched_getaffinity(0))
+    return len(os.sched_getaffinity(0))
   except AttributeError:
-    cores = os.cpu_count()
-  return {
-      "cpu": cpu_name(),
-      "cpu_flags": [f for f in RELEVANT_FLAGS if f in info["flags"]],
-      "cores": cores,
-      "kernel_path": (f"native-{kernels}" + ("-emulated" if native.emulating() else "")) if kernels else "xla",
-      "kernel_choices": _kernel_choices() if kernels else None,
-      "jax": jax.__version__,
-      "backend": backend,
-      "devices": sorted({d.device_kind for d in jax.devices()}),
-  }
+    return os.cpu_count() or 1
 
 
-def _kernel_choices() -> dict:
-  """Native or XLA per weight-size class and the thread count, as measured on this machine (autotune.py)."""
-  from specjax.kernels import autotune
-  return autotune.summary()
+def kernel_path() -> str:
+  """'native-avx2' (the native CPU kernels' instruction set; '-emulated' under SIMD emulation) or 'xla'."""
+  if jax.default_backend() != "cpu" or not native.available():
+    return "xla"
+  return f"native-{native.isa()}" + ("-emulated" if native.emulating() else "")
 
 
-def short(d: dict | None = None) -> str:
-  """One line: 'AMD EPYC (family 25 model 17), 2 cores, native-avx512, jax 0.10.2 cpu'."""
-  d = d or describe()
-  return f"{d['cpu']}, {d['cores']} cores, {d['kernel_path']}, jax {d['jax']} {d['backend']}"
+def tag() -> str:
+  """The one name of this machine for everything stored per machine: readable (CPU, cores, kernel path,
+  backend), then a hash of what an executable or a measurement also depends on (jax version, the full CPU
+  flags, the kernel sources; the accelerators' kinds)."""
+  backend = jax.default_backend()
+  readable = f"{cpu_name()}-{cores()}c-{kernel_path()}-{backend}"
+  parts = [backend, jax.__version__]
+  if backend == "cpu":
+    info = cpu_info()
+    parts += [info["model"], str(info["family"]), str(info["model_number"]), " ".join(info["flags"]),
+              native.source_digest() if native.available() else "xla-only"]
+  else:
+    parts += sorted({d.device_kind for d in jax.devices()})
+  digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+  return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in readable)[:100] + f"-{digest}"

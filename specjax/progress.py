@@ -4,12 +4,18 @@ On a terminal: a rich progress bar.  Redirected to a file (``nohup ... > run.log
 the end, so there ``progress`` prints a plain line instead, at most every ``every_s`` seconds and at the end:
 ``[train] 120/300 (40%) loss 2.1 … elapsed 0:18:02 eta 0:27:03``.  Both take the same three calls:
 ``add_task(description, total=, completed=, info=)``, ``update(task, completed= | advance=, info=)`` and the
-``with`` block.
+``with`` block.  ``say`` is the one-line ``[specjax] ...`` note on stderr that library code prints.
 """
 from __future__ import annotations
 
 import sys
 import time
+
+
+def say(message: str) -> None:
+  """``[specjax] message`` on stderr, in one write (helper threads may log too)."""
+  sys.stderr.write(f"[specjax] {message}\n")
+  sys.stderr.flush()
 
 
 def _hms(seconds: float) -> str:

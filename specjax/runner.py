@@ -94,8 +94,8 @@ def run_from_files(config_files: list[str], bindings: list[str], out: str | None
   out_dir.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   result = experiment(log=log)
-  from specjax import machine
-  result = {"experiment": name, "wall_s": time.perf_counter() - t0, "machine": machine.describe(), **result}
+  from specjax import provenance
+  result = {"experiment": name, "wall_s": time.perf_counter() - t0, "machine": provenance.describe(), **result}
   write_run(out_dir, result, gin.config_str())
   from experiments import PLOTTERS
   plotter = next((f for n, f in PLOTTERS.items() if getattr(experiment, "__name__", "") == n), None)

@@ -3,7 +3,7 @@ import os
 # Tests run on the CPU with deterministic, full-precision math.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The native CPU kernels wherever they apply, without the first-use measurement that may choose XLA for some
-# weight sizes on some machines (specjax/kernels/autotune.py; tests/test_autotune.py covers it): the same
+# weight sizes on some machines (specjax/measure/kernel_paths.py; tests/test_kernel_choices.py covers it): the same
 # executables, and the same counts of compiled executables, on every machine.
 os.environ.setdefault("SPECJAX_NATIVE", "1")
 

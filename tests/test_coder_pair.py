@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import bench, cli, codeeval
+from specjax import bench, cli, codeeval, memory
 from specjax.checkpoints import converted, download, gguf_loader, load_gguf, load_model, registry
 from specjax.errors import ModelNotFoundError, SpecjaxError
 from specjax.prompts import HUMANEVAL_INSTRUCTION, Prompt, load_prompts
@@ -130,11 +130,11 @@ def test_drafter_model_takes_the_registry_default(monkeypatch):
                       type("M", (), {"load_s": 0.0})())
   args = cli.build_parser().parse_args(["generate", "--model", "qwen2.5-coder-1.5b", "--prompt", "x",
                                         "--drafter", "model"])
-  cli._load_draft(args)
+  cli.common.load_draft(args)
   assert loaded == ["qwen2.5-coder-0.5b"]
   args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--drafter", "model"])
   with pytest.raises(SpecjaxError, match="no default draft"):
-    cli._load_draft(args)
+    cli.common.load_draft(args)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ def test_cost_vs_measured_script(tmp_path):
             "mean_accepted_length": 5.0, "acceptance_by_position": [0.95] * 5}
   tree = dict(method, tree="dynamic:12:2:6", method="model dynamic:12:2:6")
   result = {"model": "qwen2.5-coder-1.5b", "batch_size": 1, "dtype": "float32",
-            "kv_bytes_live_mean": 300 * costmodel.kv_bytes_per_token(cfg), "methods": [method, tree]}
+            "kv_bytes_live_mean": 300 * memory.kv_bytes_per_token(cfg), "methods": [method, tree]}
   rows = cvm.predictions(result, "h200", log=lambda *_: None)
   want = costmodel.predicted_speedup(costmodel.DEVICES["h200"], cfg, [0.95] * 5, 5, 1, 300, "float32",
                                      config.PRESETS["qwen2.5-coder-0.5b"])
@@ -375,7 +375,8 @@ def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
   from specjax import api
   target = type("M", (), {"source": "qwen2.5-coder-1.5b", "dtype": "float32", "_compiled": {}})()
   loaded = []
-  monkeypatch.setattr(api, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
+  from specjax.runtime import drafting
+  monkeypatch.setattr(drafting, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
   assert api.default_draft_model(target) == "the draft" and api.default_draft_model(target) == "the draft"
   assert loaded == [("qwen2.5-coder-0.5b", "float32")]                 # loaded once, kept with the target
   with pytest.raises(SpecjaxError, match="no default draft"):

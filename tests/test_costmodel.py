@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import api, bench, calibrate, config, costmodel, kv_cache, model
+from specjax import api, buffers, config, costmodel, kv_cache, memory, model
+from specjax.measure import calibrate
 from specjax.errors import SpecjaxError
 
 CFG = config.ModelConfig(name="hand", vocab_size=100, num_layers=3, d_model=32, num_heads=4, num_kv_heads=2,
@@ -96,34 +97,34 @@ def test_published_devices_and_errors():
 def test_kv_bill_max_batch_and_refusal():
   cfg = config.SMOLLM2_135M
   per_token = 30 * 2 * 3 * 64 * 4                      # layers × (k, v) × kv heads × head dim × fp32
-  assert costmodel.kv_bytes_per_token(cfg) == per_token == 46080
-  plain = costmodel.kv_bill(cfg, 1024, nodes=0)
-  specb = costmodel.kv_bill(cfg, 1024, nodes=4, draft_cfg=config.TINY)
+  assert memory.kv_bytes_per_token(cfg) == per_token == 46080
+  plain = memory.kv_bill(cfg, 1024, nodes=0)
+  specb = memory.kv_bill(cfg, 1024, nodes=4, draft_cfg=config.TINY)
   assert plain.target_kv_per_seq == per_token * 1024
   assert specb.target_kv_per_seq == per_token * (1024 + 5)          # N + 1 slots of speculative headroom
-  assert specb.draft_kv_per_seq == costmodel.kv_bytes_per_token(config.TINY) * (1024 + 5)
+  assert specb.draft_kv_per_seq == memory.kv_bytes_per_token(config.TINY) * (1024 + 5)
   assert specb.weights == (cfg.param_count() + config.TINY.param_count()) * 4
   budget = 4 * 2**30
-  bp, bs = costmodel.max_batch(budget, plain), costmodel.max_batch(budget, specb)
+  bp, bs = memory.max_batch(budget, plain), memory.max_batch(budget, specb)
   assert bp >= bs > 0
   assert plain.total(bp) <= budget < plain.total(bp + 1)
-  costmodel.check_budget(budget, plain, bp)
+  memory.check_budget(budget, plain, bp)
   with pytest.raises(SpecjaxError, match=f"at most batch {bp} fits"):
-    costmodel.check_budget(budget, plain, bp + 1)
+    memory.check_budget(budget, plain, bp + 1)
 
 
 def test_buffer_length_buckets():
-  assert costmodel.buffer_length(20, 64) == 256
-  assert costmodel.buffer_length(200, 50, nodes=4) == 256        # 200 + 50 + 6 = 256
-  assert costmodel.buffer_length(200, 51, nodes=4) == 512
-  assert costmodel.buffer_length(900, 128, nodes=31) == 2048
+  assert buffers.buffer_length(20, 64) == 256
+  assert buffers.buffer_length(200, 50, nodes=4) == 256        # 200 + 50 + 6 = 256
+  assert buffers.buffer_length(200, 51, nodes=4) == 512
+  assert buffers.buffer_length(900, 128, nodes=31) == 2048
 
 
 def test_calibration_is_saved_and_reused(tmp_path, monkeypatch):
   monkeypatch.setattr(calibrate, "probe_stream", lambda nbytes, repeats: 12.5e9)
   monkeypatch.setattr(calibrate, "probe_matmul", lambda repeats: 100e9)
   monkeypatch.setattr(calibrate, "probe_overlap", lambda bw, fl, nbytes, repeats: 0.25)
-  monkeypatch.setattr(bench, "measure_read_bandwidth", lambda nbytes, repeats: {"best": 20.0})
+  monkeypatch.setattr(calibrate, "measure_read_bandwidth", lambda nbytes, repeats: {"best": 20.0})
   out = tmp_path / "cal.json"
   rec = calibrate.calibrate(path=str(out), log=lambda m: None, quick=True)
   spec = costmodel.load_spec(out)

@@ -1,9 +1,9 @@
 """The import graph of specjax/, pallas_kernels/ and experiments/, function-local imports included.
 
-Issue 29 removes the one big import circle step by step; until it is gone this test is a ratchet: no new
-circle may appear and the known one may only shrink (``KNOWN_CIRCLE``: shrink it with every step that breaks
-a tie, and delete it when the circle is gone).  An import of a submodule does not count as an import of its
-parent packages (Python runs them first anyway; they are faces that hand names on).
+A circle hides which module is the lower one, so none is allowed.  Beside it, the layering the kernels keep:
+they read stored choices and settings and never import the model, the measuring or anything above.  An
+import of a submodule does not count as an import of its parent packages (Python runs them first anyway;
+they are faces that hand names on).
 """
 from __future__ import annotations
 
@@ -13,15 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("specjax", "pallas_kernels", "experiments")
 
-# The modules of today's circle (issue 29, "The circle"); each step that cuts a tie removes names.
-KNOWN_CIRCLE = frozenset({
-    "specjax.api", "specjax.bench", "specjax.calibrate", "specjax.checkpoints", "specjax.checkpoints.drafter_io",
-    "specjax.checkpoints.gguf_loader", "specjax.checkpoints.registry", "specjax.checkpoints.safetensors_loader",
-    "specjax.compile_cache", "specjax.decode", "specjax.kernels.autotune", "specjax.kernels.cpu_attention",
-    "specjax.kernels.cpu_matmul", "specjax.machine", "specjax.model", "specjax.sampling", "specjax.speculative",
-    "specjax.speculative.acceptance", "specjax.speculative.drafters", "specjax.speculative.eagle",
-    "specjax.speculative.engine", "specjax.speculative.hybrid", "specjax.speculative.tree",
-})
+# What the bottom layer may import from specjax: the kernels (and the Pallas kernels) sit under the model.
+BOTTOM = ("specjax.kernels", "pallas_kernels")
+BOTTOM_MAY_IMPORT = {"specjax.settings", "specjax.cache_location", "specjax.machine", "specjax.sharding",
+                     "specjax.errors"}
 
 
 def modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
@@ -108,15 +103,21 @@ def _describe(graph, circle) -> str:
   return "\n".join(f"  {a}:{line} -> {b}" for a in sorted(circle) for b, line in graph[a].items() if b in circle)
 
 
-def test_no_new_import_circle_and_the_known_one_only_shrinks():
+def test_there_is_no_import_circle():
   graph = import_graph(ROOT)
   found = circles(graph)
-  for c in found:
-    assert c <= KNOWN_CIRCLE, f"a new import circle (or one that grew):\n{_describe(graph, c)}"
-  assert len(found) <= 1, [sorted(c) for c in found]
-  in_circle = set().union(*found) if found else set()
-  stale = KNOWN_CIRCLE - in_circle
-  assert not stale, f"these modules left the circle: remove them from KNOWN_CIRCLE: {sorted(stale)}"
+  assert not found, "import circles:\n" + "\n\n".join(_describe(graph, c) for c in found)
+
+
+def test_the_kernels_import_nothing_above_them():
+  graph = import_graph(ROOT)
+  for mod, targets in graph.items():
+    if mod.startswith(BOTTOM):
+      upward = {t: line for t, line in targets.items() if not t.startswith(BOTTOM) and t not in BOTTOM_MAY_IMPORT}
+      assert not upward, f"{mod} imports above the kernels: {upward}"
+  leaves = ("specjax.settings", "specjax.errors")
+  for leaf in leaves:
+    assert not graph[leaf], f"{leaf} must import nothing of specjax: {graph[leaf]}"
 
 
 def test_the_check_finds_a_circle_through_a_function_local_import(tmp_path):

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import api, compile_cache
+from specjax import api, buffers, compile_cache
 from specjax.checkpoints import converted, gguf_loader, load_model
 from tests.compile_counter import count_compiles
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
@@ -126,7 +126,7 @@ def test_new_prompt_length_compiles_only_a_prefill(tmp_path, gguf_file, monkeypa
     m = api.load(str(gguf_file))
     short = "hello world"
     long = "the world hello world " * 12      # another prompt bucket (> 64 tokens)
-    assert api.prompt_bucket(len(api.encode_prompts(m, [long])[0])) != api.prompt_bucket(
+    assert buffers.prompt_bucket(len(api.encode_prompts(m, [long])[0])) != buffers.prompt_bucket(
         len(api.encode_prompts(m, [short])[0]))
     first, _ = api.generate(m, [short], max_new_tokens=6, max_len=256)
     names: list = []

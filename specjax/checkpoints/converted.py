@@ -37,6 +37,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from specjax import settings
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.config import ModelConfig
 from specjax.cache_location import cache_dir
@@ -62,7 +63,7 @@ def root() -> Path:
 
 def enabled() -> bool:
   """``SPECJAX_WEIGHT_CACHE=0`` turns the converted-weight cache off (every load converts again)."""
-  return os.environ.get("SPECJAX_WEIGHT_CACHE", "1") != "0"
+  return settings.weight_cache_wanted()
 
 
 # ----------------------------------------------------------------------------------------------------------

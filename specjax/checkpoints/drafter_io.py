@@ -27,6 +27,7 @@ import numpy as np
 from specjax.errors import SpecjaxError
 
 FORMAT_VERSION = 1
+HEAD_FORMAT = "eagle"          # the "specjax_drafter" tag of a trained feature drafter's directory
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -97,7 +98,7 @@ def save_drafter(path: str | Path, ecfg, trainable: dict, *, target_name: str, t
   if ecfg.reduced:
     tensors["d2t"] = np.asarray(head_ids, np.int64)
   t = ecfg.target
-  config = {"specjax_drafter": "eagle", "format_version": FORMAT_VERSION,
+  config = {"specjax_drafter": HEAD_FORMAT, "format_version": FORMAT_VERSION,
             "architectures": ["SpecjaxEagleDrafter"],
             "target": {"name": target_name, "config_name": t.name, "vocab_size": t.vocab_size,
                        "d_model": t.d_model, "num_layers": t.num_layers,
@@ -131,8 +132,8 @@ def read_config(path: str | Path) -> dict:
     config = json.loads(cfg_file.read_text())
   except json.JSONDecodeError as e:
     raise SpecjaxError(f"{cfg_file} is not valid JSON ({e}): the drafter is damaged, export it again") from e
-  if config.get("specjax_drafter") != "eagle":
-    raise SpecjaxError(f"{path} is a '{config.get('specjax_drafter')}' drafter, expected 'eagle'")
+  if config.get("specjax_drafter") != HEAD_FORMAT:
+    raise SpecjaxError(f"{path} is a '{config.get('specjax_drafter')}' drafter, expected '{HEAD_FORMAT}'")
   if config.get("format_version") != FORMAT_VERSION:
     raise SpecjaxError(f"{path} has drafter format {config.get('format_version')}, this specjax reads "
                        f"{FORMAT_VERSION}: export it again")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import sharding
-from specjax.kernels import autotune, native
+from specjax.kernels import choices, native
 
 MAX_ROWS = 64   # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
 TARGET = "specjax_attend_cache"
@@ -86,7 +86,7 @@ def applies(T: int, q_dtype, cache_dtype) -> bool:
   """Whether the kernel serves T new rows per sequence (few rows, float32 queries and cache, CPU)."""
   return (T <= MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32
           and not sharding.distributed() and native.available()    # GSPMD cannot split a custom call
-          and autotune.attention_native())                         # measured on this machine at first use
+          and choices.attention_native())                          # as measured on this machine (choices.py)
 
 
 def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):

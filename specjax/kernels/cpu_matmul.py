@@ -3,7 +3,7 @@
 ``matmul_t`` calls the C++ kernel in ``cpu_matmul.cc`` through the XLA FFI when it is available (built on first
 use, see ``native.py``), else the reference ``matmul_t_reference`` (plain XLA).  It splits the work over the
 caller and a few helper threads (``parallel.h``).  It is used only on the CPU backend, for float32, for weight sizes where it measured faster than XLA on this
-machine (``autotune.py``), when M ≤ ``MAX_ROWS`` (larger M is
+machine (``choices.py``), when M ≤ ``MAX_ROWS`` (larger M is
 compute-bound, where XLA's GEMM is the better choice; with a live-row count, the choice is made on the
 number of live rows at run time); its gradient goes through the reference.
 """
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import sharding
-from specjax.kernels import autotune, native
+from specjax.kernels import choices, native
 
 MAX_ROWS = 256  # measured in the real model's whole forward (experiments/roofline.py, smollm2-135m, 2-core
                 # Zen 4): the native kernel beats XLA's GEMM up to ~256 rows (64 rows: 125 ms vs 190 ms; 256:
@@ -72,7 +72,7 @@ def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> j
   r % group ≥ live are padding and come out zero (the native kernel skips them)."""
   M = x_MxD.shape[0]
   if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and not sharding.distributed() and available()
-      and autotune.matmul_native(*w_NxD.shape)):    # measured on this machine at first use (autotune.py)
+      and choices.matmul_native(*w_NxD.shape)):     # as measured on this machine (choices.py)
     if M <= MAX_ROWS:
       return matmul_t_native(x_MxD, w_NxD, live, group)
     if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data

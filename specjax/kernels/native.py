@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 import jax
+from specjax import settings
 from specjax.cache_location import cache_dir
 
 # FFI target name -> exported handler symbol.
@@ -41,7 +42,7 @@ _LOCK = threading.Lock()
 
 def emulating() -> bool:
   """True when this process builds the SIMD-emulating test library (``SPECJAX_EMULATE_SIMD=1``)."""
-  return os.environ.get("SPECJAX_EMULATE_SIMD", "0") == "1"
+  return settings.emulate_simd()
 
 
 def _defining_flags() -> list[str]:
@@ -84,7 +85,7 @@ def _library_path() -> Path:
 
 
 def _compiler() -> str | None:
-  return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+  return settings.compiler() or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 
 
 def _build() -> Path | None:
@@ -113,7 +114,7 @@ def _build() -> Path | None:
 
 
 def _wanted() -> bool:
-  return os.environ.get("SPECJAX_NATIVE", "1") != "0" and jax.default_backend() == "cpu"
+  return settings.native_wanted() and jax.default_backend() == "cpu"
 
 
 def start_build() -> None:
@@ -156,7 +157,7 @@ def available() -> bool:
       _STATE["lib"] = lib
       ok = True
   _STATE["loaded"] = ok
-  forced = os.environ.get("SPECJAX_CPU_ISA")
+  forced = settings.forced_isa()
   if ok and forced:          # after "loaded" is set: set_isa checks availability itself
     set_isa(forced)
   return ok

@@ -42,7 +42,7 @@ class SpinPool {
   int64_t helpers() const { return static_cast<int64_t>(threads_.size()); }
 
   // At most `n` helpers join a job from now on (n < 0: all of them).  A machine with many cores may stream a
-  // decode step's weights fastest with fewer than all of them; the measured choice is set here (autotune.py).
+  // decode step's weights fastest with fewer than all of them; the measured choice is set here (kernels/choices.py).
   static std::atomic<int64_t>& HelperLimit() {
     static std::atomic<int64_t> limit{-1};
     return limit;

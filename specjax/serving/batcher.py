@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, sampling, sharding
+from specjax import buffers, sampling, sharding
 from specjax import speculative as spec
-from specjax.api import pad_batch, prompt_bucket
+from specjax.buffers import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
+from specjax.speculative import registry as drafter_registry
 from specjax.kv_cache import init_cache
 from specjax.serving import policies as pol
 
@@ -144,17 +145,18 @@ class ContinuousBatcher:
     self.sp = sp or sampling.SamplingParams()
     self.eos_ids = tuple(m.tokenizer.eos_token_ids if eos_ids is None else eos_ids)
     buckets = sorted({int(b) for b in buckets} | {0})
-    if drafter == "none":
+    kind = drafter_registry.get(drafter)
+    if not kind.speculates:
       buckets = [0]
     self.k_top = max(buckets)
     self.buckets = buckets
     api.check_memory(m, max_len + self.k_top + 1, self.k_top, self.slots,
-                     draft.cfg if drafter in api.MODEL_DRAFTERS and draft is not None else None,
+                     draft.cfg if kind.draft_model and draft is not None else None,
                      sampling_=not self.sp.greedy, budget=memory_budget)
     d_obj, self.draft_params, _ = api.build_drafter(m, drafter, k=max(self.k_top, 1), draft=draft,
                                                     max_len=max_len, depth=max(self.k_top, 1), **drafter_kwargs)
-    kv_buckets = decode.kv_buckets(max_len)
-    stateless = isinstance(d_obj, (spec.NoDrafter, spec.NgramDrafter))
+    kv_buckets = buffers.kv_buckets(max_len)
+    stateless = kind.stateless
     self.engines: dict[int, spec.Engine] = {}
     for k in buckets:
       if k == 0 and stateless:

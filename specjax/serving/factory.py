@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from specjax import costmodel
-from specjax.api import MODEL_DRAFTERS
+from specjax.speculative import registry as drafter_registry
 from specjax.serving import policies as pol
 from specjax.serving.batcher import ContinuousBatcher
 
@@ -25,14 +23,12 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   def rows_s(total_rows, contexts):
     return costmodel.rows_step_time(spec, cfg, total_rows, contexts, mesh=mesh)
 
-  dcfg = None
-  if drafter in MODEL_DRAFTERS and draft is not None:
-    dcfg = draft.cfg
-  elif drafter == "layerskip":
+  kind = drafter_registry.get(drafter)
+  layers = None
+  if kind.layers:
     from specjax.api import parse_layers
-    dcfg = cfg.replace(num_layers=len(parse_layers(draft_layers, cfg.num_layers)))
-  elif drafter == "eagle":
-    dcfg = cfg.replace(num_layers=1)
+    layers = parse_layers(draft_layers, cfg.num_layers)
+  dcfg = drafter_registry.draft_config(kind, cfg, draft.cfg if draft is not None else None, layers)
 
   def draft_s(k, batch):
     if dcfg is None or k <= 0:
@@ -48,19 +44,20 @@ def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4
                  draft=None, draft_layers=None, per_sequence: bool = True, **kwargs) -> ContinuousBatcher:
   """A batcher whose compiled buckets cover the policy: ``fixed``/``off-above`` compile {0, k}; ``adaptive``
   and ``goodput`` compile ``buckets``."""
-  if drafter == "none":
+  kind = drafter_registry.get(drafter)
+  if not kind.speculates:
     buckets = (0,)
   elif policy in ("fixed", "off-above"):
     buckets = (0, k)
   rows_s = draft_s = None
   if policy == "goodput":
     if spec is None:
-      from specjax import calibrate
+      from specjax.measure import calibrate
       spec = calibrate.load_or_calibrate()
     rows_s, draft_s = cost_functions(spec, m, drafter, slots, draft, draft_layers)
-  p = pol.make_policy(policy if drafter != "none" else "fixed", k=k if drafter != "none" else 0,
+  p = pol.make_policy(policy if kind.speculates else "fixed", k=k if kind.speculates else 0,
                       buckets=buckets, max_batch=max_batch, min_reach=min_reach, rows_s=rows_s, draft_s=draft_s,
                       per_sequence=per_sequence)
-  extra = {"draft_layers": draft_layers} if drafter == "layerskip" else {}
+  extra = {"draft_layers": draft_layers} if kind.layers else {}
   return ContinuousBatcher(m, slots=slots, max_len=max_len, drafter=drafter, draft=draft, buckets=buckets,
                            policy=p, **extra, **kwargs)

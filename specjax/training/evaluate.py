@@ -134,8 +134,8 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
           "sampling_iterations": st["iterations"],
           "sampling_mean_accepted_length": st["mean_accepted_length"]}
   if not speed:
-    from specjax import machine
-    return {**out, "machine": machine.describe()}
+    from specjax import provenance
+    return {**out, "machine": provenance.describe()}
   log("[eval-draft] greedy speed against plain decoding")
   b = bench.bench(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, drafter="eagle", draft=draft_path,
                   k=k, tree=tree, repeats=repeats, log=log)

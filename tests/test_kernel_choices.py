@@ -1,5 +1,6 @@
-"""The CPU matmul path chosen by measurement at first use (specjax/kernels/autotune.py): measured once per
-machine and remembered, read back by later processes, forced by SPECJAX_NATIVE, and followed by the model."""
+"""The CPU kernel paths chosen by measurement (specjax/measure/kernel_paths.py, at load) and stored per machine
+(specjax/kernels/choices.py): measured once and remembered, read back by later processes, forced by
+SPECJAX_NATIVE, followed by the model, and never measured while a forward is traced."""
 import json
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.kernels import autotune, cpu_matmul, native
+from specjax.kernels import choices, cpu_matmul, native
+from specjax.measure import kernel_paths
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
 
@@ -16,9 +18,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native CPU kerne
 def fresh(monkeypatch, tmp_path):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SPECJAX_NATIVE", "auto")
-  autotune.forget()
+  choices.forget()
   yield tmp_path
-  autotune.forget()
+  choices.forget()
 
 
 def _uses_native(N, D, M=1):
@@ -27,32 +29,39 @@ def _uses_native(N, D, M=1):
   return "specjax_matmul_t" in text
 
 
-def test_first_use_measures_once_and_later_processes_read_it(fresh, capfd):
-  assert _uses_native(64, 32) in (True, False)              # first use: measures the class of 64x32 (small)
+def test_tracing_measures_nothing(fresh, capfd):
+  assert _uses_native(64, 32) == (native.isa() != "portable")   # nothing stored: the default path
+  assert "measuring" not in capfd.readouterr().err
+  assert not choices.choices_path().exists()
+
+
+def test_load_measures_once_and_later_processes_read_it(fresh, capfd):
+  kernel_paths.ensure()                                      # what api.load runs: every class at once
   err = capfd.readouterr().err
   assert "measuring the CPU kernel paths" in err
-  data = json.loads(autotune.choices_path().read_text())
+  data = json.loads(choices.choices_path().read_text())
   small = data["classes"]["small"]
   assert small["path"] in ("native", "xla") and data["threads"] >= 1
   for m in ("M1", "M5"):
     assert small[m]["native_ms"] > 0 and small[m]["xla_ms"] > 0
-  assert str(autotune.choices_path()).startswith(str(fresh))
+  assert str(choices.choices_path()).startswith(str(fresh))
   assert set(data["classes"]) == {"small", "large"} and "attention" in data   # all at once, one line
   assert err.count("measuring the CPU kernel paths") == 1
-  autotune.forget()                                          # a new process: reads, measures nothing
-  _uses_native(64, 32)
+  choices.forget()                                          # a new process: reads, measures nothing
+  kernel_paths.ensure()
+  assert _uses_native(64, 32) == (small["path"] == "native")
   assert "measuring" not in capfd.readouterr().err
-  assert autotune.summary()["paths"] == {"small": small["path"], "large": data["classes"]["large"]["path"],
+  assert choices.summary()["paths"] == {"small": small["path"], "large": data["classes"]["large"]["path"],
                                          "attention": data["attention"]["path"]}
 
 
 def _store(path_by_class):
-  data = autotune._load()
+  data = choices._read()
   data["threads"] = 2
   data["classes"] = {c: {"path": p} for c, p in path_by_class.items()}
   data["attention"] = {"path": "native"}
-  autotune._save(data)
-  autotune.forget()
+  choices.save(data)
+  choices.forget()
 
 
 def test_the_model_follows_the_stored_choice_per_size_class(fresh):
@@ -73,14 +82,15 @@ def test_specjax_native_forces_the_path(fresh, monkeypatch):
 
 
 def test_an_unreadable_table_is_measured_again(fresh, monkeypatch, capfd):
-  autotune.choices_path().parent.mkdir(parents=True)
-  autotune.choices_path().write_text("{not json")
-  monkeypatch.setattr(autotune, "measure_class", lambda N, D: {"path": "xla", "shape": [N, D]})
-  monkeypatch.setattr(autotune, "measure_threads", lambda: {"threads": 1})
-  monkeypatch.setattr(autotune, "measure_attention", lambda: {"path": "xla"})
+  choices.choices_path().parent.mkdir(parents=True)
+  choices.choices_path().write_text("{not json")
+  monkeypatch.setattr(kernel_paths, "measure_class", lambda N, D: {"path": "xla", "shape": [N, D]})
+  monkeypatch.setattr(kernel_paths, "measure_threads", lambda: {"threads": 1})
+  monkeypatch.setattr(kernel_paths, "measure_attention", lambda: {"path": "xla"})
+  kernel_paths.ensure()
   assert not _uses_native(64, 32)
   assert "unreadable" in capfd.readouterr().err
-  assert json.loads(autotune.choices_path().read_text())["classes"]["small"]["path"] == "xla"
+  assert json.loads(choices.choices_path().read_text())["classes"]["small"]["path"] == "xla"
 
 
 def test_fewer_threads_give_the_same_bits():
@@ -90,10 +100,10 @@ def test_fewer_threads_give_the_same_bits():
   f = jax.jit(cpu_matmul.matmul_t_native)
   all_threads = np.asarray(f(x, w))
   try:
-    autotune.set_threads(1)
+    choices.set_threads(1)
     one = np.asarray(f(x, w))
   finally:
-    autotune.set_threads(None)
+    choices.set_threads(None)
   np.testing.assert_array_equal(one, all_threads)
 
 
@@ -107,20 +117,21 @@ def _attention_uses_native(T=1):
   return ca.TARGET in jax.jit(f).lower(q, kv, kv).as_text()
 
 
-def test_attention_is_measured_at_first_use_and_followed(fresh, capfd):
-  native_wins = _attention_uses_native()                     # first use: measures attention
+def test_attention_is_measured_at_load_and_followed(fresh, capfd):
+  kernel_paths.ensure()
   assert "attention:" in capfd.readouterr().err
-  data = json.loads(autotune.choices_path().read_text())
+  native_wins = _attention_uses_native()
+  data = json.loads(choices.choices_path().read_text())
   att = data["attention"]
   assert att["path"] == ("native" if native_wins else "xla")
   for key in ("T1_ctx250", "T1_ctx1000", "T5_ctx250", "T5_ctx1000"):
     assert att[key]["native_ms"] > 0 and att[key]["xla_ms"] > 0
-  assert autotune.summary()["paths"]["attention"] == att["path"]
+  assert choices.summary()["paths"]["attention"] == att["path"]
   data["attention"]["path"] = "xla"                          # as measured on a machine where XLA wins
-  autotune._save(data)
-  autotune.forget()
+  choices.save(data)
+  choices.forget()
   assert not _attention_uses_native(1) and not _attention_uses_native(5)   # one path at every row count
   data["attention"]["path"] = "native"
-  autotune._save(data)
-  autotune.forget()
+  choices.save(data)
+  choices.forget()
   assert _attention_uses_native(1) and _attention_uses_native(5)

@@ -2,8 +2,8 @@
 
 Three probes, each the best of a few repeats:
   bandwidth  the read bandwidth a decoding step can reach: the decode matmul kernel (native on the CPU, else
-             XLA) streaming a weight matrix far larger than the caches, one row of x (``bench``'s raw DRAM
-             probes are recorded beside it);
+             XLA) streaming a weight matrix far larger than the caches, one row of x (raw DRAM
+             probes are recorded beside it, ``measure_read_bandwidth``);
   matmul     FLOP/s of the decode matmul at 128 rows, best of D = 512 and 1024 (compute-bound: a
              verification or a large batch);
   overlap    how much arithmetic hides behind the memory stream (8 rows over the streamed weight): 1 on
@@ -17,15 +17,51 @@ The result is a ``costmodel.DeviceSpec`` named after the machine, saved under th
 from __future__ import annotations
 
 import json
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache_location, config, costmodel, decode, kv_cache, machine, model
+from specjax import buffers, cache_location, config, costmodel, decode, kv_cache, machine, model, provenance
 from specjax.kernels import cpu_matmul
+from specjax.measure import kernel_paths
+
+
+def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
+  """Best read bandwidth (GB/s) this machine reaches with all its cores, by three streaming kernels.
+
+  The buffer (1 GiB by default) is far larger than the last-level cache, so it is DRAM bandwidth that is
+  measured.  Kernels: a BLAS matrix-vector product (multi-threaded), a reduction split over one thread per
+  core, and an XLA reduction.  Each is run ``repeats`` times and the best time kept.
+  """
+  x = np.ones(nbytes // 4, np.float32)
+  m = x.reshape(-1, 1024)
+  v = np.ones(1024, np.float32)
+  cores = machine.cores()
+  parts = np.array_split(m, cores * 4)
+
+  def best(fn) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      fn()
+      times.append(time.perf_counter() - t0)
+    return x.nbytes / min(times) / 1e9
+
+  results = {"blas_matvec": best(lambda: m @ v)}
+  with ThreadPoolExecutor(cores) as pool:
+    results["threaded_sum"] = best(lambda: list(pool.map(lambda a: a.sum(), parts)))
+  xj = jnp.asarray(x)
+  jsum = jax.jit(jnp.sum)
+  results["xla_sum"] = best(lambda: jsum(xj).block_until_ready())
+  del xj
+  results["best"] = max(results.values())
+  return results
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -90,7 +126,7 @@ def _tiny_step_seconds(num_layers: int, repeats: int) -> float:
 
   @jax.jit
   def step(params, cache):
-    out = decode.windowed_forward(params, cfg, tok, pos, cache, buckets=decode.kv_buckets(256))
+    out = decode.windowed_forward(params, cfg, tok, pos, cache, buckets=buffers.kv_buckets(256))
     return jnp.argmax(out.logits[:, -1], -1), out.cache.k.sum()
 
   return _best_seconds(lambda: step(params, cache), repeats)
@@ -104,14 +140,8 @@ def probe_floor(repeats: int = 30, depths: tuple[int, int] = (2, 32)) -> tuple[f
   return max(t_lo - b * lo, 0.0), b
 
 
-def machine_tag(d: dict | None = None) -> str:
-  d = d or machine.describe()
-  raw = f"{d['cpu']}-{d['cores']}c-{d['kernel_path']}-{d['backend']}"
-  return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in raw)[:120]
-
-
 def default_path() -> Path:
-  return cache_location.cache_dir() / "calibration" / f"{machine_tag()}.json"
+  return cache_location.cache_dir() / "calibration" / f"{machine.tag()}.json"
 
 
 def calibrate(path: str | None = None, force: bool = False, log=print, quick: bool = False) -> dict:
@@ -125,11 +155,11 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
       return rec
     except (ValueError, KeyError, TypeError):
       log(f"[calibrate] {out} is damaged: measuring again")
-  from specjax import bench
-  desc = machine.describe()
-  log(f"[calibrate] {machine.short(desc)}: bandwidth probe…")
+  kernel_paths.ensure(log=lambda m: log(f"[calibrate] {m}"))   # the probes run the decode kernels
+  desc = provenance.describe()
+  log(f"[calibrate] {provenance.short(desc)}: bandwidth probe…")
   reps = 2 if quick else 5
-  raw = bench.measure_read_bandwidth(nbytes=(256 << 20) if quick else (1 << 30), repeats=reps)
+  raw = measure_read_bandwidth(nbytes=(256 << 20) if quick else (1 << 30), repeats=reps)
   stream = probe_stream(nbytes=(128 << 20) if quick else (512 << 20), repeats=reps)
   log(f"[calibrate] stream {stream / 1e9:.1f} GB/s (raw DRAM probes best {raw['best']:.1f} GB/s); matmul probe…")
   flops = probe_matmul(repeats=reps)
@@ -139,9 +169,9 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
   log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer")
   mem = _memory_bytes()
   spec = costmodel.DeviceSpec(
-      name=f"calibrated:{machine_tag(desc)}", peak_flops={"float32": flops}, mem_bandwidth=stream,
+      name=f"calibrated:{machine.tag()}", peak_flops={"float32": flops}, mem_bandwidth=stream,
       memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b, overlap=overlap,
-      source=f"specjax calibrate on {machine.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+      source=f"specjax calibrate on {provenance.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
   rec = {"spec": spec.to_dict(), "machine": desc,
          "probes": {"stream_bytes_per_s": stream, "raw_read_gb_per_s": raw, "matmul_flops": flops,
                     "overlap": overlap,
@@ -164,7 +194,6 @@ def load_or_calibrate(device: str | None = None, log=print) -> costmodel.DeviceS
 
 def _memory_bytes() -> float:
   try:
-    import os
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
   except (ValueError, OSError, AttributeError):
     return float(np.nan)

@@ -1,0 +1,58 @@
+"""The ``models`` and ``cache`` commands: which models are known, what the cache holds, and clearing it."""
+from __future__ import annotations
+
+from specjax.cli import common
+
+
+def register(sub) -> dict:
+  """Add the models, cache parsers; returns their commands."""
+  m = sub.add_parser("models", help="list known models and whether each is cached")
+  m.add_argument("--json", action="store_true")
+
+  c = sub.add_parser("cache", help="what the specjax cache holds (models, converted weights, kernels, "
+                                   "compiled executables), and clearing it")
+  c.add_argument("--clear", choices=["converted", "xla", "kernels", "all"],
+                 help="delete that part (models/ holds downloads and is kept unless 'all')")
+  c.add_argument("--json", action="store_true")
+  return {"models": cmd_models, "cache": cmd_cache}
+
+
+def cmd_models(args) -> int:
+  from specjax.checkpoints import drafter_io, list_models
+  rows = list_models()
+  drafters = drafter_io.list_drafters()
+
+  def human(rs):
+    from specjax.report import print_table
+    print_table(rs, title="models")
+    if drafters:
+      print_table(drafters, title="trained drafters")
+  common.emit({"models": rows, "drafters": drafters}, args.json, lambda o: human(rows))
+  return 0
+
+
+def cmd_cache(args) -> int:
+  import shutil
+  from specjax.checkpoints import cache_dir
+  root = cache_dir()
+  parts = ("models", "converted", "kernels", "xla")
+  if args.clear:
+    for part in parts if args.clear == "all" else (args.clear,):
+      shutil.rmtree(root / part, ignore_errors=True)
+    common.log(f"[specjax] cleared {args.clear} in {root}")
+
+  def size(path):
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+  def entries(path):   # what a part holds, less temporary files and the source-hash memo
+    return len([p for p in path.iterdir() if not p.name.startswith(".") and p.name != "sources"]) \
+        if path.is_dir() else 0
+
+  rows = [{"part": part, "path": str(root / part), "bytes": size(root / part), "entries": entries(root / part)}
+          for part in parts]
+
+  def human(rs):
+    from specjax.report import print_table
+    print_table([{**r, "MB": round(r["bytes"] / 1e6, 1)} for r in rs], title=f"specjax cache: {root}")
+  common.emit({"cache_dir": str(root), "parts": rows}, args.json, lambda o: human(rows))
+  return 0

@@ -1,0 +1,215 @@
+"""What the `specjax` commands share: flags, loading, drafter checks, output."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def log(msg: str) -> None:
+  sys.stderr.write(msg + "\n")     # one write per line: helper threads may log too
+  sys.stderr.flush()
+
+
+def drafters():
+  """The drafter registry (``speculative/registry.py``), imported on use: ``--help`` needs no jax."""
+  from specjax.speculative import registry
+  return registry
+
+
+def emit(obj: Any, as_json: bool, human) -> None:
+  from specjax import distributed
+  if not distributed.is_main():     # a multi-process run: process 0 reports for all
+    return
+  if as_json:
+    sys.stdout.write(json.dumps(obj, default=json_default) + "\n")
+  else:
+    human(obj)
+
+
+def json_default(o):
+  import numpy as np
+  if isinstance(o, (np.integer,)):
+    return int(o)
+  if isinstance(o, (np.floating,)):
+    return float(o)
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  return str(o)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--model", default="smollm2-135m",
+                 help="registry name, a .gguf file, or a Hugging Face safetensors directory")
+  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                 help="weights, KV buffers and activations (logits and softmax statistics stay fp32); auto: "
+                      "bfloat16 on GPU and TPU, float32 on the CPU")
+  p.add_argument("--max-len", type=int, default=None,
+                 help="KV cache positions per sequence (default: generate and bench size them to the longest "
+                      "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
+                      "other commands 2048)")
+  p.add_argument("--no-compile-cache", action="store_true",
+                 help="do not read or write the persistent compilation cache (also SPECJAX_COMPILE_CACHE=0)")
+
+
+def add_mesh_flags(p: argparse.ArgumentParser) -> None:
+  from specjax import distributed
+  p.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh of all "
+                                "processes' devices (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                                "makes N devices); docs/MULTI_DEVICE.md")
+  distributed.add_flags(p)
+
+
+def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
+                 many_trees: bool = False) -> None:
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle "
+                 "(hybrid: prompt lookup where the last --ngram tokens occurred before, the draft model elsewhere)")
+  p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
+                 "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
+  if trees:
+    p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
+    p.add_argument("--tree", default=None, action="append" if many_trees else "store",
+                   help="token tree of N draft nodes instead of the chain of --k: chain:K, branch:W1,W2,..., "
+                        "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK[:D]]"
+                        + ("; repeat it to compare several trees in the same run" if many_trees else ""))
+    p.add_argument("--acceptance", default=None,
+                   help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram; "
+                 "the match --drafter hybrid needs before it drafts by lookup")
+  p.add_argument("--ngram-caps", default="1,3",
+                 help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
+                      "matches draft --k); 'none' drafts --k after any match (default 1,3)")
+  p.add_argument("--draft-layers", default=None,
+                 help="--drafter layerskip: a count L (the first L layers) or indices like 0,1,2,5")
+
+
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+  from specjax.serving.policies import POLICIES
+  p.add_argument("--k", type=int, default=4, help="k for --policy fixed and off-above")
+  p.add_argument("--policy", default="fixed", choices=POLICIES,
+                 help="fixed k; off-above (k up to --max-batch live sequences, else 0); adaptive (smoothed "
+                      "acceptance moves k); goodput (the cost model's best k, per sequence)")
+  p.add_argument("--buckets", default="0,1,2,4,8", help="compiled k values for adaptive and goodput")
+  p.add_argument("--max-batch", type=int, default=4, help="--policy off-above: speculate up to this many")
+  p.add_argument("--slots", type=int, default=8, help="sequences decoded at once (fixed KV buffers)")
+  p.add_argument("--device", default=None, help="cost model for --policy goodput: a published spec or a "
+                                               "calibration JSON (default: this machine, calibrated)")
+  p.add_argument("--seed", type=int, default=0)
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+  from specjax.errors import SpecjaxError
+  try:
+    vals = tuple(sorted({int(x) for x in str(text).split(",") if x.strip()}))
+  except ValueError:
+    raise SpecjaxError(f"--buckets must be comma-separated k values like 0,1,2,4,8, got {text!r}") from None
+  if not vals or min(vals) < 0:
+    raise SpecjaxError(f"--buckets must be k values >= 0, got {text!r}")
+  return vals
+
+
+def serving_engine(args, m, max_len: int, **kwargs):
+  from specjax.measure import calibrate
+  from specjax.serving import factory
+  draft = load_draft(args)
+  if getattr(args, "mesh", None):
+    from specjax import api
+    m = api.on_mesh(m, args.mesh)
+    if draft is not None and not isinstance(draft, str):
+      draft = api.on_mesh(draft, m.mesh)
+  spec = calibrate.load_or_calibrate(args.device, log=log) if args.policy == "goodput" else None
+  return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=parse_buckets(args.buckets),
+                              slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
+                              draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
+                              **({"ngram": args.ngram, "ngram_caps": parse_ngram_caps(args.ngram_caps)}
+                                 if drafters().get(args.drafter).ngram_caps else {}))
+
+
+def load_model(args):
+  from specjax import api, compile_cache
+  if getattr(args, "no_compile_cache", False):
+    compile_cache.enable(False)
+  if getattr(args, "mesh", None):          # a mesh that cannot be made fails before the weights load
+    from specjax import sharding
+    sharding.make_mesh(args.mesh)
+  dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
+  log(f"[specjax] loading {args.model} ({dtype})")
+  m = api.load(args.model, dtype=dtype)
+  log(f"[specjax] loaded in {m.load_s:.1f}s")
+  return m
+
+
+def load_draft(args):
+  from specjax import api
+  from specjax.errors import SpecjaxError
+  kind = drafters().get(args.drafter)
+  if kind.draft_model and not args.draft:
+    from specjax.checkpoints import registry
+    args.draft = registry.default_draft(args.model)
+    if not args.draft:
+      raise SpecjaxError(f"--drafter {args.drafter} needs --draft MODEL (a small model sharing the target's tokenizer); "
+                         f"'{args.model}' has no default draft in the registry (`specjax models` lists them)")
+    log(f"[specjax] --drafter {args.drafter}: the registry's draft for {args.model} is {args.draft}")
+  if args.draft and kind.draft is None:
+    raise SpecjaxError(f"--draft is only used with {drafters().draft_flag_help()} (got --drafter {args.drafter})")
+  if kind.draft == "head":
+    if not args.draft:
+      raise SpecjaxError(f"--drafter {args.drafter} needs --draft DIR (a trained drafter; `specjax models` lists them, "
+                         "`specjax train configs/eagle_smollm2.gin` makes one)")
+    from specjax.checkpoints import drafter_io
+    drafter_io.read_config(args.draft)      # a bad directory fails before the target loads
+    return args.draft
+  if not args.draft:
+    return None
+  log(f"[specjax] loading draft {args.draft}")
+  d = api.load(args.draft, dtype=args.dtype)
+  log(f"[specjax] loaded the draft in {d.load_s:.1f}s")
+  return d
+
+
+def parse_ngram_caps(text: str) -> tuple[int, ...]:
+  from specjax.errors import SpecjaxError
+  if text.strip().lower() in ("", "none"):
+    return ()
+  try:
+    return tuple(int(c) for c in text.split(","))
+  except ValueError:
+    raise SpecjaxError(f"--ngram-caps takes counts separated by commas, like 1,3 (or 'none'), got '{text}'")
+
+
+def drafter_kwargs(args) -> dict:
+  return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers,
+          "ngram_caps": parse_ngram_caps(args.ngram_caps), "tree": args.tree, "acceptance": args.acceptance}
+
+
+def check_drafter(args) -> None:
+  """Everything about the drafter and the tree that can fail without a model: before any loading."""
+  from specjax import api
+  drafters().get(args.drafter)       # an unknown name: one line listing the names
+  parse_ngram_caps(args.ngram_caps)
+  if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
+    trees = args.tree if isinstance(args.tree, list) else [args.tree]
+    for tree in trees:
+      acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else args.acceptance
+      api.resolve_tree(tree, acc, drafter=args.drafter, max_len=args.max_len or api.AUTO_MAX_LEN_LIMIT)
+
+
+def default_max_len(args) -> int:
+  from specjax.api import DEFAULT_MAX_LEN
+  return args.max_len or DEFAULT_MAX_LEN
+
+
+def executables() -> dict:
+  """This process's XLA executables: compiled here, or read back from the persistent compilation cache."""
+  from specjax import compile_cache
+  c = compile_cache.counts()
+  return {"executables_compiled": c["compiled"], "executables_from_cache": c["cache_hits"],
+          "compile_cache_dir": str(compile_cache.directory() or "") or None}
+
+
+def model_config(name: str):
+  from specjax import api, config
+  if name in config.PRESETS:
+    return config.PRESETS[name]
+  return api.load(name).cfg      # a file or directory: its config (the weights load too)

@@ -1,0 +1,139 @@
+"""The ``serve-sim``, ``serve`` and ``loadgen`` commands: the continuous-batching engine in process, over
+HTTP, and a load generator for it."""
+from __future__ import annotations
+
+from specjax.cli import common
+
+
+def register(sub) -> dict:
+  """Add the serve-sim, serve, loadgen parsers; returns their commands."""
+  ss = sub.add_parser("serve-sim", help="the continuous-batching engine in process on a request trace (Poisson "
+                                        "at --rate, or --trace FILE): throughput, time to first token, "
+                                        "inter-token latency percentiles and the k chosen over time")
+  common.add_model_flags(ss)
+  common.add_drafter_flags(ss, trees=False, default="ngram")
+  common.add_serving_flags(ss)
+  common.add_mesh_flags(ss)
+  ss.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson; 0: all at once)")
+  ss.add_argument("--requests", type=int, default=16)
+  ss.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
+  ss.add_argument("--prompts", default="specjax-prompts", help="prompt file for the Poisson trace")
+  ss.add_argument("--category", action="append", default=None)
+  ss.add_argument("--max-new-tokens", type=int, default=64)
+  ss.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
+  ss.add_argument("--json", action="store_true")
+
+  sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+                                    "/health, /metrics) over the continuous-batching engine")
+  common.add_model_flags(sv)
+  common.add_drafter_flags(sv, trees=False, default="none")
+  common.add_serving_flags(sv)
+  common.add_mesh_flags(sv)
+  sv.add_argument("--host", default="127.0.0.1")
+  sv.add_argument("--port", type=int, default=8000)
+  sv.add_argument("--temperature", type=float, default=0.0, help="the sampling temperature of every request")
+  sv.add_argument("--top-p", type=float, default=1.0)
+  sv.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429s")
+  sv.add_argument("--default-max-tokens", type=int, default=256)
+
+  lg = sub.add_parser("loadgen", help="drive a running server over HTTP with a Poisson trace: throughput, time "
+                                       "to first token, inter-token latency, the k chosen over time")
+  lg.add_argument("--url", default="http://127.0.0.1:8000")
+  lg.add_argument("--rate", type=float, default=1.0, help="requests per second (0: all at once)")
+  lg.add_argument("--requests", type=int, default=16)
+  lg.add_argument("--prompts", default="specjax-prompts")
+  lg.add_argument("--category", action="append", default=None)
+  lg.add_argument("--max-tokens", type=int, default=64)
+  lg.add_argument("--seed", type=int, default=0)
+  lg.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
+  lg.add_argument("--json", action="store_true")
+  return {"serve-sim": cmd_serve_sim, "serve": cmd_serve, "loadgen": cmd_loadgen}
+
+
+def cmd_serve_sim(args) -> int:
+  from specjax import buffers
+  from specjax.prompts import load_prompts
+  from specjax.serving import batcher as bt, trace as trace_lib
+  common.check_drafter(args)
+  if args.trace:
+    reqs = trace_lib.load(args.trace, args.max_new_tokens)
+  else:
+    prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+    reqs = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_new_tokens)
+  m = common.load_model(args)
+  encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in reqs]
+  longest = max(len(e) for e in encoded)
+  max_len = args.max_len or buffers.buffer_length(longest, max(r["max_tokens"] for r in reqs),
+                                                    max(common.parse_buckets(args.buckets) + (args.k,)))
+  eng = common.serving_engine(args, m, max_len)
+  common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, buckets {eng.buckets}: "
+       "compiling…")
+  common.log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
+  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"]) for i, (e, r) in enumerate(zip(encoded, reqs))]
+  rep = eng.run(requests, log=common.log)
+  rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
+              "rate": args.rate if not args.trace else None, "buckets": list(eng.buckets)})
+  if args.plot:
+    from specjax.serving import plots
+    plots.k_over_time(rep, args.plot)
+
+  def human(r):
+    print(f"{r['served']}/{r['requests']} served ({r['refused']} refused) in {r['wall_s']:.1f}s: "
+          f"{r['tokens_per_s']:.1f} tok/s, mean k {r['mean_k']:.2f}, mean live {r['mean_live']:.1f}")
+    for name in ("ttft_s", "itl_s", "token_gap_s"):
+      q = r[name]
+      if q["p50"] is not None:
+        print(f"  {name[:-2]:10s} p50 {q['p50'] * 1e3:8.1f} ms  p90 {q['p90'] * 1e3:8.1f} ms  "
+              f"p99 {q['p99'] * 1e3:8.1f} ms")
+  common.emit(rep, args.json, human)
+  return 0
+
+
+def cmd_serve(args) -> int:
+  from specjax import sampling
+  from specjax.errors import SpecjaxError
+  from specjax.serving import server
+  common.check_drafter(args)
+  try:
+    import uvicorn
+  except ImportError as e:
+    raise SpecjaxError("specjax serve needs uvicorn and fastapi: pip install 'specjax[serve]'") from e
+  try:
+    sp = sampling.SamplingParams(args.temperature, 0, args.top_p)
+  except ValueError as e:
+    raise SpecjaxError(str(e)) from e
+  m = common.load_model(args)
+  max_len = args.max_len or 2048
+  eng = common.serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue)
+  common.log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, policy {eng.policy.name}, "
+       f"buckets {eng.buckets}: compiling…")
+  common.log(f"[serve] warm-up {eng.warmup(512):.1f}s")
+  worker = server.EngineWorker(eng, max_queue=args.max_queue)
+  worker.start()
+  app = server.create_app(worker, m.tokenizer, m.source if hasattr(m, "source") else args.model, sp,
+                          args.default_max_tokens)
+  common.log(f"[serve] listening on http://{args.host}:{args.port}")
+  uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+  worker.stop()
+  return 0
+
+
+def cmd_loadgen(args) -> int:
+  from specjax.prompts import load_prompts
+  from specjax.serving import loadgen, trace as trace_lib
+  prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+  tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
+  rep = loadgen.run(args.url, tr, log=common.log)
+  if args.plot:
+    from specjax.serving import plots
+    plots.k_over_time(rep, args.plot)
+
+  def human(r):
+    print(f"{r['served']}/{r['requests']} served ({r['failed']} failed) in {r['wall_s']:.1f}s: "
+          f"{r['tokens_per_s']:.1f} tok/s")
+    for name in ("ttft_s", "itl_s"):
+      q = r[name]
+      if q["p50"] is not None:
+        print(f"  {name[:-2]:5s} p50 {q['p50'] * 1e3:8.1f} ms  p90 {q['p90'] * 1e3:8.1f} ms  p99 {q['p99'] * 1e3:8.1f} ms")
+  common.emit(rep, args.json, human)
+  return 0

@@ -1,0 +1,58 @@
+"""What a decode must satisfy before anything is allocated: the memory bill fits, the prompts fit the
+buffer, a draft shares the target's tokenizer."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specjax import memory
+from specjax.errors import SpecjaxError
+from specjax.runtime.loaded import Model
+
+
+def device_memory_bytes() -> float:
+  """Memory the buffers may use: the accelerator's (bytes_limit), or the machine's RAM on the CPU."""
+  dev = jax.devices()[0]
+  try:
+    stats = dev.memory_stats() or {}
+  except Exception:  # noqa: BLE001 -- the CPU client has no memory stats
+    stats = {}
+  if stats.get("bytes_limit"):
+    return float(stats["bytes_limit"])
+  try:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  except (ValueError, OSError, AttributeError):
+    return float("inf")
+
+def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
+                 budget: float | None = None) -> None:
+  """Refuse buffers whose bill (target and draft KV with speculative headroom, logits workspace, weights)
+  would not fit the memory budget, before anything is allocated."""
+  dtype = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}.get(
+      jnp.dtype(jax.tree_util.tree_leaves(m.params)[0].dtype), "float32")
+  bill = memory.kv_bill(m.cfg, max_len, nodes, draft_cfg, dtype, sampling_)
+  memory.check_budget(budget if budget is not None else device_memory_bytes(), bill, batch_size,
+                         what=f"KV buffers of {max_len} slots")
+
+def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, extra: int = 0) -> None:
+  longest = max(prompt_lens)
+  if longest + max_new_tokens + extra > max_len:
+    raise SpecjaxError(
+        f"prompt of {longest} tokens + {max_new_tokens} new tokens"
+        + (f" + {extra} speculative slots" if extra else "")
+        + f" does not fit the KV cache of {max_len} positions: raise --max-len or shorten the prompt "
+        "or --max-new-tokens")
+
+def check_same_vocabulary(target: Model, draft: Model) -> None:
+  tv, dv = target.tokenizer.vocab_size, draft.tokenizer.vocab_size
+  if target.cfg.vocab_size != draft.cfg.vocab_size or tv != dv:
+    raise SpecjaxError(f"draft model '{draft.source}' has a vocabulary of {draft.cfg.vocab_size} tokens but the "
+                       f"target '{target.source}' has {target.cfg.vocab_size}: a draft must share the "
+                       "target's tokenizer")
+  sample = ["Hello world", " the", "<|im_end|>", "123 + 456 = 579", "naïve café"]
+  if any(target.tokenizer.encode(t) != draft.tokenizer.encode(t) for t in sample):
+    raise SpecjaxError(f"draft model '{draft.source}' tokenizes text differently from the target "
+                       f"'{target.source}': a draft must share the target's tokenizer")
