@@ -41,7 +41,7 @@ Lowering (``variant``):
 
 ``interpret=None`` means interpret mode exactly when ``jax.default_backend() == "cpu"``.
 
-Dispatch rule (``attention_path``), the one place it is written down: on the CPU the native C++ kernel
+Dispatch rule (``attention_path``, written down once in ``specjax.kernels.dispatch``): on the CPU the native C++ kernel
 ``specjax.kernels.cpu_attention`` ("native", when it applies; the caller, which knows T and the dtypes,
 falls back to "xla" otherwise), on GPU and TPU this Pallas kernel ("pallas"), anywhere else the XLA
 reference ("xla").  The environment variable ``SPECJAX_ATTENTION=native|pallas|xla`` forces a path.
@@ -56,28 +56,18 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from specjax import settings
+from specjax.kernels import dispatch
 
 ATTENTION_ENV = "SPECJAX_ATTENTION"
-ATTENTION_PATHS = ("native", "pallas", "xla")
+ATTENTION_PATHS = dispatch.ATTENTION_PATHS
 VARIANTS = ("triton", "mosaic_tpu")
 
 _NEG_BIG = -1e30  # running-max floor: keeps exp(m_old - m_new) finite for rows that see nothing yet
 
 
 def attention_path(platform: str | None = None) -> str:
-  """"native" | "pallas" | "xla" for ``platform`` (default: jax's default backend), see the module doc."""
-  forced = settings.forced_attention()
-  if forced:
-    if forced not in ATTENTION_PATHS:
-      raise ValueError(f"{ATTENTION_ENV}={forced!r}: allowed values are {', '.join(ATTENTION_PATHS)}")
-    return forced
-  platform = (platform or jax.default_backend()).lower()
-  if platform == "cpu":
-    return "native"
-  if platform in ("gpu", "cuda", "rocm", "tpu"):
-    return "pallas"
-  return "xla"
+  """"native" | "pallas" | "xla" for ``platform``: the rule in ``specjax.kernels.dispatch``."""
+  return dispatch.platform_attention(platform)
 
 
 def tree_attention_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import buffers, config, model, provenance
-from specjax.kernels import cpu_attention, cpu_matmul, native
+from specjax.kernels import cpu_matmul, dispatch, native
 
 ISAS = ["avx512"]   # kernel paths to time (set from --isa)
 from specjax.kv_cache import init_cache
@@ -69,11 +69,11 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
   params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
   S = 2048
   buckets = buffers.kv_buckets(S)
-  applies = cpu_attention.applies
+  applies = dispatch.native_attention_applies
   table = {(ctx, T): {"context": ctx, "new_tokens": T} for ctx in contexts for T in rows}
   variants = [(f"native_{isa}_attention_ms", True, isa) for isa in ISAS] + [("xla_attention_ms", False, None)]
   for label, use_native, isa in variants:
-    cpu_attention.applies = applies if use_native else (lambda *a: False)
+    dispatch.native_attention_applies = applies if use_native else (lambda *a: False)
     if isa:
       native.set_isa(isa)
     for T in rows:   # one compile per (variant, T); the context is data
@@ -96,7 +96,7 @@ def bench_forward(contexts=(100, 700, 1500), rows=(1, 2, 4, 6, 9)):
         ms = float(np.median(times[1:])) * 1e3      # the first call compiles
         table[ctx, T][label] = ms
         print(f"forward {label[:-3]:>16} ctx={ctx:4d} T={T}: {ms:5.1f} ms", flush=True)
-  cpu_attention.applies = applies
+  dispatch.native_attention_applies = applies
   native.set_isa(native.detected_isa())
   out = list(table.values())
   best = f"native_{native.detected_isa()}_attention_ms"

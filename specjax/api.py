@@ -26,8 +26,9 @@ from specjax.kv_cache import init_cache
 from specjax.progress import say
 from specjax.prompts import Prompt
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary, device_memory_bytes
+from specjax.runtime.builder import (DEFAULT_NGRAM_CAPS, Decode, DecodeSpec, build, build_drafter,
+                                     default_draft_model, parse_layers)
 from specjax.runtime.compiled import compile_generate, device_inputs, make_engine
-from specjax.runtime.drafting import DEFAULT_NGRAM_CAPS, build_drafter, default_draft_model, parse_layers
 from specjax.runtime.loaded import Model, default_dtype, load, on_mesh
 from specjax.runtime.trees import acceptance_tree, resolve_tree, tree_stats
 from specjax.speculative import registry as drafter_registry, tree_shapes
@@ -36,7 +37,8 @@ from specjax.speculative import registry as drafter_registry, tree_shapes
 DRAFTERS = drafter_registry.NAMES   # the drafter names (speculative/registry.py says what each needs)
 
 # The API's face: what it runs (below) and what it is built from (specjax/runtime/), under one name.
-__all__ = ["AUTO_MAX_LEN_LIMIT", "DEFAULT_MAX_LEN", "DEFAULT_NGRAM_CAPS", "DRAFTERS", "Generation", "Model",
+__all__ = ["AUTO_MAX_LEN_LIMIT", "DEFAULT_MAX_LEN", "DEFAULT_NGRAM_CAPS", "DRAFTERS", "Decode", "DecodeSpec",
+           "Generation", "Model", "build",
            "ScoreResult", "acceptance_vector", "build_drafter", "check_fits", "check_memory", "check_same_vocabulary",
            "compile_generate", "default_draft_model", "default_dtype", "device_inputs", "device_memory_bytes",
            "encode_prompts", "generate", "load", "make_engine", "on_mesh", "parse_layers", "resolve_tree", "score",
@@ -115,33 +117,25 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(str(e)) from e
   if not prompts:
     raise SpecjaxError("no prompts given")
-  if drafter_registry.get(drafter).draft_model and draft is None:
+  ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
+                  draft_layers=draft_layers, sampling=sp)
+  if ds.kind.draft_model and draft is None:
     draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:
     m = on_mesh(m, mesh)
     if draft is not None:
       draft = on_mesh(draft, m.mesh)
   encoded = encode_prompts(m, prompts, chat)
-  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
-  nodes = (choice.num_nodes if choice else k) if drafter_registry.get(drafter).speculates else 0
-  if max_len is None:
-    max_len = buffers.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(nodes, 0))
-  drafter_obj, draft_params, k_max = build_drafter(
-      m, drafter, k=choice.num_nodes if choice else k, ngram=ngram, draft_layers=draft_layers, draft=draft,
-      depth=choice.shape.max_depth if choice else None,
-      max_len=max_len, ngram_caps=ngram_caps)
-  check_fits([len(e) for e in encoded], max_new_tokens, max_len)
-  check_memory(m, max_len, k_max, batch_size, draft.cfg if drafter_registry.get(drafter).draft_model and draft is not None else None,
-               sampling_=temperature > 0, budget=memory_budget)
   eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
-  engine = make_engine(m, drafter_obj, k_max, sp, eos_ids, max_len, tree=choice.shape if choice else None)
+  d = build(m, ds, eos_ids=eos_ids, max_len=max_len, prompt_lens=[len(e) for e in encoded],
+            max_new_tokens=max_new_tokens, batch_size=batch_size, draft=draft, memory_budget=memory_budget)
+  engine, draft_params, k_max, max_len = d.engine, d.draft_params, d.k_max, d.max_len
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
            "load_s": m.load_s + getattr(draft, "load_s", 0.0), "compile_s": 0.0,
            "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "max_len": max_len,
-           "drafter": drafter, "k": k_max,
-           **tree_stats(choice, k_max, acceptance)}
+           "drafter": drafter, "k": k_max, **tree_stats(d.choice, k_max, acceptance)}
   totals = None
   for start in range(0, len(encoded), batch_size):
     chunk = encoded[start:start + batch_size]

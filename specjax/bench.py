@@ -20,16 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, decode, distributed, provenance, sampling
+from specjax import buffers, decode, distributed, provenance
 from specjax import paired as paired_lib
-from specjax import speculative as spec
-from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, build_drafter, check_fits,
-                         compile_generate, device_inputs, encode_prompts, make_engine, on_mesh, parse_layers, resolve_tree,
-                         spec_metrics, tree_stats)
+from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, compile_generate, device_inputs,
+                         encode_prompts, on_mesh, resolve_tree, spec_metrics)
+from specjax.errors import SpecjaxError
 from specjax.kv_cache import cache_bytes
 from specjax.measure import calibrate
-from specjax.errors import SpecjaxError
 from specjax.prompts import Prompt
+from specjax.runtime.builder import DecodeSpec, build
 from specjax.speculative import registry as drafter_registry, tree_shapes
 
 
@@ -89,8 +88,8 @@ AR_LABEL = "autoregressive"     # plain decoding's method name (bench --outputs,
 
 
 def autoregressive_method(m: Model, eos_ids, max_len: int) -> Method:
-  engine = make_engine(m, spec.NoDrafter(), 0, sampling.SamplingParams(), eos_ids, max_len)
-  return Method(AR_LABEL, engine, (), 0, {"drafter": "none", "k": 0})
+  d = build(m, DecodeSpec(), eos_ids=eos_ids, max_len=max_len)
+  return Method(AR_LABEL, d.engine, (), 0, {"drafter": "none", "k": 0})
 
 
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
@@ -98,18 +97,10 @@ def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int 
                        tree=None, acceptance=None) -> Method:
   """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
   sequoia) replaces the chain of ``k`` by a token tree of N nodes."""
-  choice = resolve_tree(tree, acceptance, drafter=drafter, max_len=max_len)
-  d_obj, d_params, k_max = build_drafter(m, drafter, k=choice.num_nodes if choice else k, ngram=ngram,
-                                         draft_layers=draft_layers, draft=draft, max_len=max_len,
-                                         depth=choice.shape.max_depth if choice else None,
-                                         ngram_caps=ngram_caps)
-  engine = make_engine(m, d_obj, k_max, sampling.SamplingParams(), eos_ids, max_len,
-                       tree=choice.shape if choice else None)
-  settings = {"drafter": drafter, "k": k_max, **tree_stats(choice, k_max, acceptance)}
-  if drafter_registry.get(drafter).layers:
-    settings["draft_layers"] = list(parse_layers(draft_layers, m.cfg.num_layers))
-  label = f"{drafter} k={k_max}" if choice is None else f"{drafter} {choice.label}"
-  return Method(label, engine, d_params, k_max, settings)
+  ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
+                  draft_layers=draft_layers)
+  d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft)
+  return Method(d.label, d.engine, d.draft_params, d.k_max, d.settings())
 
 
 class Run(NamedTuple):

@@ -30,7 +30,7 @@ import numpy as np
 
 import pallas_kernels
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_attention, cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul, dispatch
 from specjax import sharding
 from specjax.kv_cache import KVCache
 
@@ -268,21 +268,6 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   return o.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
 
 
-PALLAS_MAX_ROWS = 64   # decode and verification rows; prefill-sized blocks stay on XLA's matmuls
-
-
-def attention_path(T: int, q_dtype, cache_dtype) -> str:
-  """Which attention a forward of T new rows runs, by ``pallas_kernels.attention_path``'s rule (stated
-  there once; ``SPECJAX_ATTENTION`` forces one): "native" (the C++ CPU kernel, when it applies), "pallas"
-  (GPU, TPU; interpret mode when forced on the CPU) or "xla" (the windowed ``attend``)."""
-  want = pallas_kernels.attention_path(jax.default_backend())
-  if want == "native" and cpu_attention.applies(T, q_dtype, cache_dtype):
-    return "native"
-  if want == "pallas" and T <= PALLAS_MAX_ROWS:
-    return "pallas"
-  return "xla"
-
-
 def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B, offsets_BxT=None):
   """Write T new entries per sequence at slots lengths[b] + offsets[b, t] (default t; out-of-range writes are
   dropped)."""
@@ -354,7 +339,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
   bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + U).astype(jnp.int32)
 
-  path = attention_path(T, dtype, cache.k.dtype)
+  path = dispatch.attention(T, dtype, cache.k.dtype)
 
   def attend_layer(q, k_all, v_all, layer):
     # Both kernels read each sequence's live slots straight from the buffer: no window needed.

@@ -375,8 +375,8 @@ def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
   from specjax import api
   target = type("M", (), {"source": "qwen2.5-coder-1.5b", "dtype": "float32", "_compiled": {}})()
   loaded = []
-  from specjax.runtime import drafting
-  monkeypatch.setattr(drafting, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
+  from specjax.runtime import builder
+  monkeypatch.setattr(builder, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
   assert api.default_draft_model(target) == "the draft" and api.default_draft_model(target) == "the draft"
   assert loaded == [("qwen2.5-coder-0.5b", "float32")]                 # loaded once, kept with the target
   with pytest.raises(SpecjaxError, match="no default draft"):

@@ -1,6 +1,6 @@
 """A native CPU kernel for the attention of a decode or verification step over the KV cache.
 
-``attend_cache`` computes, for T ≤ ``MAX_ROWS`` new query rows per sequence, grouped-query attention over
+``attend_cache`` computes, for T ≤ ``dispatch.ATTENTION_NATIVE_MAX_ROWS`` new query rows per sequence, grouped-query attention over
 each sequence's live cache slots of one layer: committed slots ``j < lengths[b]`` and the slots
 ``lengths[b] + u`` (u < U) of the region after them that ``mask[b, t, u]`` allows — causal for plain decoding,
 a token tree's ancestor mask for verification (the mask says it all; there is no implicit causal rule).  It
@@ -15,10 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from specjax import sharding
-from specjax.kernels import choices, native
+from specjax.kernels import dispatch, native
 
-MAX_ROWS = 64   # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
 TARGET = "specjax_attend_cache"
 
 
@@ -82,15 +80,8 @@ def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, m
   return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
 
 
-def applies(T: int, q_dtype, cache_dtype) -> bool:
-  """Whether the kernel serves T new rows per sequence (few rows, float32 queries and cache, CPU)."""
-  return (T <= MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32
-          and not sharding.distributed() and native.available()    # GSPMD cannot split a custom call
-          and choices.attention_native())                          # as measured on this machine (choices.py)
-
-
 def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
   """The native kernel when it applies, else the reference."""
-  if applies(q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
+  if dispatch.native_attention_applies(q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
     return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
   return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)

@@ -12,12 +12,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import sharding
-from specjax.kernels import choices, native
+from specjax.kernels import dispatch, native
 
-MAX_ROWS = 256  # measured in the real model's whole forward (experiments/roofline.py, smollm2-135m, 2-core
-                # Zen 4): the native kernel beats XLA's GEMM up to ~256 rows (64 rows: 125 ms vs 190 ms; 256:
-                # 505 vs 540) and loses slightly at 512 (1010 vs 993); timing kernels alone had put it at 40
+MAX_ROWS = dispatch.MATMUL_NATIVE_MAX_ROWS
 TARGET = "specjax_matmul_t"
 available = native.available
 
@@ -71,8 +68,7 @@ def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> j
   """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
   r % group ≥ live are padding and come out zero (the native kernel skips them)."""
   M = x_MxD.shape[0]
-  if (x_MxD.dtype == jnp.float32 and w_NxD.dtype == jnp.float32 and not sharding.distributed() and available()
-      and choices.matmul_native(*w_NxD.shape)):     # as measured on this machine (choices.py)
+  if dispatch.native_matmul_applies(x_MxD.dtype, w_NxD.dtype, *w_NxD.shape):    # the rule: dispatch.py
     if M <= MAX_ROWS:
       return matmul_t_native(x_MxD, w_NxD, live, group)
     if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data

@@ -24,13 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, sampling, sharding
+from specjax import sampling, sharding
 from specjax import speculative as spec
 from specjax.buffers import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
-from specjax.speculative import registry as drafter_registry
 from specjax.kv_cache import init_cache
+from specjax.runtime.builder import DecodeSpec, build
 from specjax.serving import policies as pol
+from specjax.speculative import registry as drafter_registry
 
 
 class AdmissionError(SpecjaxError):
@@ -128,7 +129,7 @@ class StepRecord:
 class ContinuousBatcher:
   """Serve requests over ``slots`` fixed KV buffers of ``max_len`` positions.
 
-  ``drafter``/``drafter_kwargs`` as ``api.build_drafter``; ``buckets`` the compiled k values (0 = plain);
+  ``drafter``/``drafter_kwargs`` as ``runtime.builder.DecodeSpec`` (one drafter for every bucket); ``buckets`` the compiled k values (0 = plain);
   ``policy`` a ``policies`` object.  ``clock`` gives the current time in seconds."""
 
   def __init__(self, m, *, slots: int = 8, max_len: int = 1024, drafter: str = "none", draft=None,
@@ -136,7 +137,6 @@ class ContinuousBatcher:
                eos_ids: Sequence[int] | None = None, max_queue: int = 1024, seed: int = 0,
                memory_budget: float | None = None, clock: Callable[[], float] = time.perf_counter,
                **drafter_kwargs):
-    from specjax import api
     self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
     self.mesh = getattr(m, "mesh", None)    # a model on a mesh (``api.on_mesh``): every step runs sharded
     if self.mesh is not None and jax.process_count() > 1:
@@ -150,21 +150,15 @@ class ContinuousBatcher:
       buckets = [0]
     self.k_top = max(buckets)
     self.buckets = buckets
-    api.check_memory(m, max_len + self.k_top + 1, self.k_top, self.slots,
-                     draft.cfg if kind.draft_model and draft is not None else None,
-                     sampling_=not self.sp.greedy, budget=memory_budget)
-    d_obj, self.draft_params, _ = api.build_drafter(m, drafter, k=max(self.k_top, 1), draft=draft,
-                                                    max_len=max_len, depth=max(self.k_top, 1), **drafter_kwargs)
-    kv_buckets = buffers.kv_buckets(max_len)
-    stateless = kind.stateless
-    self.engines: dict[int, spec.Engine] = {}
-    for k in buckets:
-      if k == 0 and stateless:
-        self.engines[0] = spec.Engine(m.cfg, spec.NoDrafter(), 0, self.sp, self.eos_ids, kv_buckets,
-                                      stats_nodes=self.k_top)
-      else:   # a drafter with its own cache keeps it in step: k = 0 runs its k = 1 engine with k_active 0
-        self.engines[k] = spec.Engine(m.cfg, d_obj, max(k, 1), self.sp, self.eos_ids, kv_buckets,
-                                      stats_nodes=max(self.k_top, 1))
+    # One drafter for every bucket (its cache sized for the largest k); the memory bill with k_top + 1 slots of
+    # speculative headroom past max_len, as the slots' buffers are allocated.
+    ds = DecodeSpec(drafter=drafter, k=max(self.k_top, 1), sampling=self.sp, **drafter_kwargs)
+    built = build(m, ds, eos_ids=self.eos_ids, max_len=max_len, draft=draft, batch_size=self.slots,
+                  memory_budget=memory_budget, headroom=self.k_top + 1)
+    self.draft_params = built.draft_params
+    self.engines: dict[int, spec.Engine] = {
+        k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))
+        for k in buckets}
     self.policy = policy or pol.FixedK(self.k_top)
     self.tracker = pol.AcceptanceTracker(self.slots, max(self.k_top, 1))
     self.queue: collections.deque[Request] = collections.deque()

@@ -36,7 +36,7 @@ class HybridState(NamedTuple):
   cache: KVCache             # the draft model's KV cache
   synced_B: jax.Array        # cache positions [0, synced) hold the draft model's K/V of committed tokens
   used_model_B: jax.Array    # bool: this step's chain came from the draft model (read by commit)
-  lookup_steps_B: jax.Array  # steps whose chain came from the lookup (statistics)
+  lookup_steps_B: jax.Array  # live steps whose chain came from the lookup (statistics)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,14 +135,16 @@ class HybridDrafter:
     pick = lambda a, b: jnp.where(use_B.reshape((B,) + (1,) * (a.ndim - 1)), a, b)
     draft = Draft(pick(look.tokens_BxN1, d.tokens_BxN1), d.parents_BxN1, pick(look.valid_BxN1, d.valid_BxN1),
                   None if sp.greedy else pick(look.q_BxN1xV, d.q_BxN1xV), None)
-    return st._replace(used_model_B=~use_B, lookup_steps_B=st.lookup_steps_B + use_B), draft
+    return st._replace(used_model_B=~use_B), draft
 
   def commit(self, state: HybridState, lengths_B, path_slots_BxD1, new_lengths_B):
     """A model chain's accepted drafts were fed at their positions (all but the k-th): the cache is good up to
     min(new length, length + k); a lookup chain leaves it where the propose left it."""
     K = path_slots_BxD1.shape[1] - 1
     synced = jnp.where(state.used_model_B, jnp.minimum(new_lengths_B, lengths_B + K), state.synced_B)
-    return state._replace(cache=state.cache.with_lengths(new_lengths_B), synced_B=synced)
+    live_B = new_lengths_B > lengths_B          # a finished sequence commits nothing: not a step of its own
+    return state._replace(cache=state.cache.with_lengths(new_lengths_B), synced_B=synced,
+                          lookup_steps_B=state.lookup_steps_B + (live_B & ~state.used_model_B))
 
 
 def hybrid_drafter(draft_cfg, k: int, *, min_match: int = 3, buckets=None) -> HybridDrafter:

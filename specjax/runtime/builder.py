@@ -1,0 +1,193 @@
+"""The one builder of a decode: a frozen description (``DecodeSpec``) in, an engine and what it runs with
+(``Decode``) out; the drafter is built through the drafter registry with the inputs its kind needs (the
+registry's default draft model, a trained head, a layer subset).  ``api.generate``, ``bench`` (every method
+of a comparison), the continuous batcher (every k bucket) and, through those, training's evaluation and the
+experiments all build here, so a drafter, a tree or a check added once reaches every caller.
+
+  spec = DecodeSpec(drafter="model", k=5)                  # or tree="sequoia:16", acceptance=FILE
+  d = build(m, spec, eos_ids=eos, prompt_lens=[120, 300], max_new_tokens=256, batch_size=2)
+  d.engine, d.draft_params, d.k_max, d.max_len             # what compile_generate and the loop take
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+import jax
+
+from specjax import buffers, model as model_lib, sampling
+from specjax import speculative as spec
+from specjax.buffers import DEFAULT_MAX_LEN
+from specjax.errors import SpecjaxError
+from specjax.progress import say
+from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary
+from specjax.runtime.compiled import make_engine
+from specjax.runtime.loaded import Model, load
+from specjax.runtime.trees import TreeChoice, resolve_tree, tree_stats
+from specjax.speculative import registry as drafter_registry
+
+
+# Draft at most 1 token after a 1-token n-gram match and 3 after a 2-token one (k after longer matches).
+# Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
+DEFAULT_NGRAM_CAPS = (1, 3)
+
+def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
+  """``--draft-layers``: an int L (the first L layers) or a list / comma string of layer indices."""
+  if spec is None:
+    spec = max(1, num_layers // 2)
+  if isinstance(spec, str):
+    spec = [int(x) for x in spec.split(",") if x.strip()] if "," in spec else int(spec)
+  layers = tuple(range(spec)) if isinstance(spec, int) else tuple(int(i) for i in spec)
+  if not layers or any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
+    raise SpecjaxError(f"--draft-layers {spec!r}: give a count 1..{num_layers} or distinct layer indices in "
+                       f"[0, {num_layers})")
+  return layers
+
+def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
+                  draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
+                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None):
+  """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
+
+  ``draft``: the draft model (``model``) or a trained drafter's directory (``eagle``).  ``depth``: the
+  deepest tree node drafted (default k, a chain).
+
+  ``ngram_caps``: proposals allowed after an n-gram match of only 1, 2, ... tokens (see ``NgramDrafter``);
+  ``None`` or ``()`` drafts k after any match."""
+  buckets = buffers.kv_buckets(max_len)
+  kind = drafter_registry.get(drafter)
+  if not kind.speculates:
+    return drafter_registry.build(kind, m.cfg, m.exec_params, k=0, depth=None, buckets=buckets) + (0,)
+  if k < 1:
+    raise SpecjaxError(f"--k must be >= 1 for drafter '{drafter}', got {k}")
+  if k + 2 > max_len:
+    raise SpecjaxError(f"--k {k} needs {k + 1} speculative slots per step, more than the KV cache of "
+                       f"{max_len} positions allows: lower --k or raise --max-len")
+  if kind.ngram and ngram < 1:
+    raise SpecjaxError(f"--ngram must be >= 1, got {ngram}")
+  caps = tuple(int(c) for c in (ngram_caps or ())) if kind.ngram_caps else ()
+  if any(c < 0 for c in caps):
+    raise SpecjaxError(f"--ngram-caps must be counts >= 0, got {','.join(map(str, caps))}")
+  if not kind.trees and depth not in (None, k):
+    raise SpecjaxError(f"drafter '{drafter}' drafts chains only: drop --tree (or give chain:K)")
+  inputs: dict = {}
+  if kind.layers:
+    inputs["layers"] = parse_layers(draft_layers, m.cfg.num_layers)
+  if kind.draft == "head":
+    inputs["head"] = _eagle_head(m, draft)
+  if kind.draft_model:
+    if draft is None:
+      draft = default_draft_model(m)
+    check_same_vocabulary(m, draft)
+    inputs.update(draft_cfg=draft.cfg, draft_params=draft.exec_params)
+  d_obj, d_params = drafter_registry.build(kind, m.cfg, m.exec_params, k=k, depth=depth, buckets=buckets,
+                                           ngram=ngram, ngram_caps=caps, **inputs)
+  return d_obj, d_params, k
+
+def default_draft_model(m: Model) -> Model:
+  """The registry's draft for the target ``m`` (loaded once, in the target's dtype, and kept with it)."""
+  from specjax.checkpoints import registry
+  name = registry.default_draft(m.source)
+  if name is None:
+    raise SpecjaxError(f"drafter 'model' needs a draft model: pass --draft MODEL ('{m.source}' has no default "
+                       "draft in the registry; `specjax models` lists them)")
+  key = ("default-draft", name)
+  if key not in m._compiled:
+    say(f"drafter 'model': loading the registry's draft for {m.source}, {name}")
+    m._compiled[key] = load(name, dtype=str(m.dtype))
+  return m._compiled[key]
+
+def _eagle_head(m: Model, draft):
+  """A trained feature drafter's config and params (a directory from ``specjax train``) for the target ``m``."""
+  from specjax.checkpoints import drafter_io
+  if draft is None or not isinstance(draft, (str, os.PathLike)):
+    raise SpecjaxError("drafter 'eagle' needs a trained drafter: pass --draft DIR (`specjax models` lists "
+                       "them; `specjax train configs/eagle_smollm2.gin` makes one)")
+  key = ("eagle-params", os.path.abspath(draft))
+  if key not in m._compiled:
+    ecfg, params, _ = drafter_io.load_drafter(draft, m.cfg, m.params, m.tokenizer, m.source)
+    exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
+    m._compiled[key] = (ecfg, exec_params)
+  return m._compiled[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  """A decode, described: the drafter and its settings, k drafts per step or a tree, the sampling rule."""
+  drafter: str = "none"
+  k: int = 4                                   # drafts per step (a chain); a tree's N replaces it
+  tree: Any = None                             # a spec text (chain:K, branch:…, sequoia:N, dynamic:N) or TreeSpec
+  acceptance: Any = None                       # sequoia's acceptance vector: a file or a list
+  ngram: int = 3                               # n-gram / hybrid: the match length looked up
+  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS
+  draft_layers: Any = None                     # layer-skip: a count or layer indices
+  sampling: sampling.SamplingParams = sampling.SamplingParams()
+
+  @property
+  def kind(self) -> drafter_registry.Kind:
+    return drafter_registry.get(self.drafter)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decode:
+  """A decode, built: the engine (static; a jit argument), the draft's params, N, the tree and the buffer."""
+  spec: DecodeSpec
+  engine: spec.Engine
+  draft_params: Any
+  k_max: int
+  choice: TreeChoice | None
+  max_len: int
+  draft: Model | None = None                   # the draft model, for a kind that runs one
+  draft_layers: tuple[int, ...] | None = None  # layer-skip: the target's layers it drafts with
+
+  @property
+  def label(self) -> str:
+    """'model k=5', 'ngram sequoia:16', or 'none k=0' for plain decoding."""
+    return f"{self.spec.drafter} k={self.k_max}" if self.choice is None else f"{self.spec.drafter} {self.choice.label}"
+
+  def settings(self) -> dict:
+    """What a result records about the method: drafter, k (N), the tree and its statistics."""
+    out = {"drafter": self.spec.drafter, "k": self.k_max, **tree_stats(self.choice, self.k_max, self.spec.acceptance)}
+    if self.draft_layers is not None:
+      out["draft_layers"] = list(self.draft_layers)
+    return out
+
+  def engine_for(self, k: int, stats_nodes: int) -> spec.Engine:
+    """The same drafter at another k (a scheduler's bucket; counters sized for ``stats_nodes``).  k = 0 of a
+    stateless drafter is plain decoding; a drafter with a cache keeps it in step by running k = 1 with
+    k_active 0."""
+    if k == 0 and self.spec.kind.stateless:
+      return self.engine._replace(drafter=spec.NoDrafter(), k_max=0, tree=None, stats_nodes=stats_nodes)
+    return self.engine._replace(k_max=max(k, 1), tree=None, stats_nodes=stats_nodes)
+
+
+def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int | None = None,
+          prompt_lens: Sequence[int] = (), max_new_tokens: int = 0, batch_size: int | None = None,
+          draft: Model | None = None, memory_budget: float | None = None, headroom: int = 0) -> Decode:
+  """Build a decode of ``ds`` for the target ``m``.
+
+  ``draft``: the draft model of a kind that runs one (default: the registry's draft for ``m``).
+  ``max_len``: KV slots per sequence; None sizes it to the request (``buffers.buffer_length`` of the longest
+  of ``prompt_lens`` + ``max_new_tokens`` + the tree's headroom).  With ``prompt_lens`` the prompts are checked
+  to fit; with ``batch_size`` the memory bill (buffers of ``max_len + headroom`` slots) must fit
+  ``memory_budget`` (default: the device's).  Every bad setting raises a one-line SpecjaxError before anything
+  is allocated or compiled."""
+  kind = ds.kind
+  if kind.draft_model and draft is None:
+    draft = default_draft_model(m)             # the registry's draft for the target (or a clear error)
+  choice = resolve_tree(ds.tree, ds.acceptance, drafter=ds.drafter, max_len=max_len or buffers.AUTO_MAX_LEN_LIMIT)
+  nodes = (choice.num_nodes if choice else ds.k) if kind.speculates else 0
+  if max_len is None:
+    max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, max(nodes, 0))
+  d_obj, d_params, k_max = build_drafter(
+      m, ds.drafter, k=choice.num_nodes if choice else ds.k, ngram=ds.ngram, draft_layers=ds.draft_layers,
+      draft=draft, depth=choice.shape.max_depth if choice else None, max_len=max_len, ngram_caps=ds.ngram_caps)
+  if prompt_lens:
+    check_fits(list(prompt_lens), max_new_tokens, max_len)
+  if batch_size is not None:
+    check_memory(m, max_len + headroom, k_max, batch_size, draft.cfg if kind.draft_model and draft is not None
+                 else None, sampling_=not ds.sampling.greedy, budget=memory_budget)
+  engine = make_engine(m, d_obj, k_max, ds.sampling, tuple(eos_ids), max_len,
+                       tree=choice.shape if choice else None)
+  layers = parse_layers(ds.draft_layers, m.cfg.num_layers) if kind.layers else None
+  return Decode(ds, engine, d_params, k_max, choice, max_len, draft if kind.draft_model else None, layers)
