@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jax
 from specjax import machine, settings
+from specjax.kernels import native
 from specjax.cache_location import cache_dir
 
 _STATE: dict = {"dir": None, "listening": False}
@@ -32,6 +33,13 @@ _LOCK = threading.Lock()
 
 def wanted() -> bool:
   return settings.compile_cache_wanted()
+
+
+def _key() -> str:
+  """The machine's tag, and on the CPU the native kernels' build (executables call them by name)."""
+  if jax.default_backend() != "cpu":
+    return machine.tag()
+  return f"{machine.tag()}-{native.source_digest() if native.available() else 'xla-only'}"
 
 
 def enable(on: bool | None = None) -> Path | None:
@@ -49,7 +57,7 @@ def enable(on: bool | None = None) -> Path | None:
     jax.config.update("jax_enable_compilation_cache", False)
     _STATE["dir"] = None
     return None
-  path = cache_dir() / "xla" / machine.tag()
+  path = cache_dir() / "xla" / _key()
   if _STATE["dir"] == path:
     return path
   try:

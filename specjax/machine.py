@@ -1,4 +1,5 @@
-"""This machine, at the bottom of the house: its CPU, its cores, the kernel path it runs and one tag naming it.
+"""This machine, at the bottom of the house (it imports nothing of specjax): its CPU, its cores and one tag
+naming it.
 
 The same command can differ by 2x between two of the machines these benchmarks run on (an AVX-512 Intel and
 an AVX2-only AMD, say), so every stored measurement (calibration, kernel choices, compiled executables) is
@@ -11,8 +12,6 @@ import os
 import platform
 
 import jax
-
-from specjax.kernels import native
 
 # The CPU features that decide which kernel path runs (and that explain a number).
 RELEVANT_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
@@ -61,24 +60,16 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def kernel_path() -> str:
-  """'native-avx2' (the native CPU kernels' instruction set; '-emulated' under SIMD emulation) or 'xla'."""
-  if jax.default_backend() != "cpu" or not native.available():
-    return "xla"
-  return f"native-{native.isa()}" + ("-emulated" if native.emulating() else "")
-
-
 def tag() -> str:
-  """The one name of this machine for everything stored per machine: readable (CPU, cores, kernel path,
-  backend), then a hash of what an executable or a measurement also depends on (jax version, the full CPU
-  flags, the kernel sources; the accelerators' kinds)."""
+  """The one name of this machine for everything stored per machine: readable (CPU, cores, backend), then a
+  hash of what an executable or a measurement also depends on (jax version, the full CPU flags; the
+  accelerators' kinds).  Stores that depend on more say so after it (the kernel build, the kernel path)."""
   backend = jax.default_backend()
-  readable = f"{cpu_name()}-{cores()}c-{kernel_path()}-{backend}"
+  readable = f"{cpu_name()}-{cores()}c-{backend}"
   parts = [backend, jax.__version__]
   if backend == "cpu":
     info = cpu_info()
-    parts += [info["model"], str(info["family"]), str(info["model_number"]), " ".join(info["flags"]),
-              native.source_digest() if native.available() else "xla-only"]
+    parts += [info["model"], str(info["family"]), str(info["model_number"]), " ".join(info["flags"])]
   else:
     parts += sorted({d.device_kind for d in jax.devices()})
   digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

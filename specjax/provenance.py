@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax
 
 from specjax import machine
-from specjax.kernels import choices
+from specjax.kernels import choices, native
 
 
 def describe() -> dict:
   """The machine, as recorded next to every benchmark number."""
   info = machine.cpu_info()
-  path = machine.kernel_path()
+  path = native.path_name()
   return {
       "cpu": machine.cpu_name(),
       "cpu_flags": [f for f in machine.RELEVANT_FLAGS if f in info["flags"]],

@@ -180,6 +180,13 @@ def isa() -> str | None:
   return ISAS[_STATE["lib"].SpecjaxKernelIsa()]
 
 
+def path_name() -> str:
+  """'native-avx2' (the kernels' instruction set; '-emulated' under SIMD emulation), or 'xla' without them."""
+  if not available():
+    return "xla"
+  return f"native-{isa()}" + ("-emulated" if emulating() else "")
+
+
 def detected_isa() -> str | None:
   """The best path this CPU supports (what ``isa`` is unless forced lower)."""
   if not available():

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import buffers, cache_location, config, costmodel, decode, kv_cache, machine, model, provenance
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_matmul, native
 from specjax.measure import kernel_paths
 
 
@@ -141,7 +141,7 @@ def probe_floor(repeats: int = 30, depths: tuple[int, int] = (2, 32)) -> tuple[f
 
 
 def default_path() -> Path:
-  return cache_location.cache_dir() / "calibration" / f"{machine.tag()}.json"
+  return cache_location.cache_dir() / "calibration" / f"{machine.tag()}-{native.path_name()}.json"
 
 
 def calibrate(path: str | None = None, force: bool = False, log=print, quick: bool = False) -> dict:
@@ -169,7 +169,7 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
   log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer")
   mem = _memory_bytes()
   spec = costmodel.DeviceSpec(
-      name=f"calibrated:{machine.tag()}", peak_flops={"float32": flops}, mem_bandwidth=stream,
+      name=f"calibrated:{machine.tag()}-{native.path_name()}", peak_flops={"float32": flops}, mem_bandwidth=stream,
       memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b, overlap=overlap,
       source=f"specjax calibrate on {provenance.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
   rec = {"spec": spec.to_dict(), "machine": desc,
