@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.kernels import cpu_attention as ca
+from specjax.kernels import cpu_attention as ca, dispatch
 
 pytestmark = pytest.mark.skipif(not ca.native.available(), reason="native CPU kernels not built here")
 
@@ -51,9 +51,11 @@ def test_gradient_goes_through_reference():
 
 
 def test_dispatch():
-  assert ca.applies(ca.MAX_ROWS, jnp.float32, jnp.float32)
-  assert not ca.applies(ca.MAX_ROWS + 1, jnp.float32, jnp.float32)     # prefill: XLA
-  assert not ca.applies(4, jnp.bfloat16, jnp.float32)
+  rows = dispatch.ATTENTION_NATIVE_MAX_ROWS
+  assert dispatch.native_attention_applies(rows, jnp.float32, jnp.float32)
+  assert not dispatch.native_attention_applies(rows + 1, jnp.float32, jnp.float32)     # prefill: XLA
+  assert not dispatch.native_attention_applies(4, jnp.bfloat16, jnp.float32)
+  assert dispatch.attention(rows + 1, jnp.float32, jnp.float32) == "xla"
   q, k, v, lengths, mask = _inputs(3, 1, 1, 32, 1, 2, 16, 2)
   text = jax.jit(lambda *a: ca.attend_cache(*a, 0, lengths, mask)).lower(q, k, v).as_text()
   assert ca.TARGET in text
