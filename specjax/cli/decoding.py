@@ -99,8 +99,8 @@ def cmd_generate(args) -> int:
     for o in outputs:
       print(f"--- [{o.question_id}] {o.prompt[:80]!r}\n{o.text}\n")
     common.log(f"[specjax] {stats['new_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s (load "
-         f"{stats['load_s']:.1f}s, compile {stats['compile_s']:.1f}s, prefill {stats['prefill_s']:.2f}s, "
-         f"decode {stats['decode_s']:.2f}s)")
+               f"{stats['load_s']:.1f}s, compile {stats['compile_s']:.1f}s, prefill {stats['prefill_s']:.2f}s, "
+               f"decode {stats['decode_s']:.2f}s)")
   common.emit(result, args.json, human)
   return 0
 
@@ -144,8 +144,8 @@ def cmd_bench(args) -> int:
     with open(args.outputs, "w", encoding="utf-8") as f:
       for row in generations:
         f.write(json.dumps(row) + "\n")
-    common.log(f"[bench] each method's outputs written to {args.outputs} (`specjax eval-code --completions` runs "
-         "code tasks' tests on them)")
+    common.log(f"[bench] each method's outputs written to {args.outputs} (`specjax eval-code --completions` "
+               "runs code tasks' tests on them)")
 
   def human(r):
     from specjax.report import print_table

@@ -127,8 +127,8 @@ def cmd_merge_data(args) -> int:
   meta = json.loads((out / data.FEATURES / "meta.json").read_text())
   res = {"data_dir": str(out), "sequences": meta["sequences"], "tokens": meta["tokens"],
          "merged_from": meta["merged_from"]}
-  common.emit(res, args.json, lambda r: print(f"{r['data_dir']}: {r['sequences']} sequences, {r['tokens']} tokens "
-                                        f"from {len(r['merged_from'])} data directories"))
+  common.emit(res, args.json, lambda r: print(f"{r['data_dir']}: {r['sequences']} sequences, {r['tokens']} "
+                                              f"tokens from {len(r['merged_from'])} data directories"))
   return 0
 
 

@@ -66,8 +66,8 @@ def cmd_serve_sim(args) -> int:
   max_len = args.max_len or buffers.buffer_length(longest, max(r["max_tokens"] for r in reqs),
                                                     max(common.parse_buckets(args.buckets) + (args.k,)))
   eng = common.serving_engine(args, m, max_len)
-  common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, buckets {eng.buckets}: "
-       "compiling…")
+  common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, "
+             f"buckets {eng.buckets}: compiling…")
   common.log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
   requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"]) for i, (e, r) in enumerate(zip(encoded, reqs))]
   rep = eng.run(requests, log=common.log)
@@ -105,8 +105,8 @@ def cmd_serve(args) -> int:
   m = common.load_model(args)
   max_len = args.max_len or 2048
   eng = common.serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue)
-  common.log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, policy {eng.policy.name}, "
-       f"buckets {eng.buckets}: compiling…")
+  common.log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, "
+             f"policy {eng.policy.name}, buckets {eng.buckets}: compiling…")
   common.log(f"[serve] warm-up {eng.warmup(512):.1f}s")
   worker = server.EngineWorker(eng, max_queue=args.max_queue)
   worker.start()

@@ -141,8 +141,7 @@ def measure_attention() -> dict:
 def ensure(log=choices.say) -> dict:
   """Measure whatever the stored table lacks (the thread count, each matmul class, attention) at once, save
   it and return the table.  Nothing to do where the kernels are not built, where ``SPECJAX_NATIVE`` forces a
-  path, or where everything is stored.  Runs on a thread of its own, so that even a caller inside a trace
-  (jax's trace state is per thread) measures for real instead of staging the probes into its program."""
+  path, or where everything is stored.  Called at load, outside any trace (``api.load``, ``calibrate``)."""
   if choices.mode() != "auto" or not native.available():
     return choices.table()
   with _LOCK:
@@ -151,36 +150,23 @@ def ensure(log=choices.say) -> dict:
     if not wanted:
       return data
     log(f"measuring the CPU kernel paths on this machine (once; remembered in {choices.choices_path().parent}) ...")
-    errors: list = []
-
-    def work():
-      try:
-        t0 = time.perf_counter()
-        if data["threads"] is None:
-          fixed = settings.fixed_threads()
-          data["thread_probe"] = {"fixed_by_env": fixed} if fixed else measure_threads()
-          data["threads"] = fixed or data["thread_probe"]["threads"]
-        choices.set_threads(data["threads"])
-        for cname, _, (N, D) in choices.CLASSES:
-          if cname in wanted:
-            data["classes"][cname] = measure_class(N, D)
-        if "attention" in wanted:
-          data["attention"] = measure_attention()
-        if data.get("machine") is None:
-          desc = provenance.describe()
-          desc.pop("kernel_choices", None)
-          data["machine"] = desc
-        choices.save(data)
-        said = [f"{c}: {data['classes'][c]['path']}" for c, _, _ in choices.CLASSES if c in wanted]
-        said += [f"attention: {data['attention']['path']}"] if "attention" in wanted else []
-        log("  " + ", ".join(said) + f"; {data['threads']} thread(s); {time.perf_counter() - t0:.1f}s")
-      except Exception as e:   # noqa: BLE001 - reported on the caller's thread
-        errors.append(e)
-
-    thread = threading.Thread(target=work, name="specjax-kernel-paths")
-    thread.start()
-    thread.join()
-    if errors:
-      raise errors[0]
+    t0 = time.perf_counter()
+    if data["threads"] is None:
+      fixed = settings.fixed_threads()
+      data["thread_probe"] = {"fixed_by_env": fixed} if fixed else measure_threads()
+      data["threads"] = fixed or data["thread_probe"]["threads"]
+    choices.set_threads(data["threads"])
+    for cname, _, (N, D) in choices.CLASSES:
+      if cname in wanted:
+        data["classes"][cname] = measure_class(N, D)
+    if "attention" in wanted:
+      data["attention"] = measure_attention()
+    if data.get("machine") is None:
+      desc = provenance.describe()
+      desc.pop("kernel_choices", None)
+      data["machine"] = desc
+    choices.save(data)
+    said = [f"{c}: {data['classes'][c]['path']}" for c, _, _ in choices.CLASSES if c in wanted]
+    said += [f"attention: {data['attention']['path']}"] if "attention" in wanted else []
+    log("  " + ", ".join(said) + f"; {data['threads']} thread(s); {time.perf_counter() - t0:.1f}s")
     return data
-

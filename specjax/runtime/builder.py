@@ -32,6 +32,7 @@ from specjax.speculative import registry as drafter_registry
 # Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
 DEFAULT_NGRAM_CAPS = (1, 3)
 
+
 def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
   """``--draft-layers``: an int L (the first L layers) or a list / comma string of layer indices."""
   if spec is None:
@@ -43,6 +44,7 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
     raise SpecjaxError(f"--draft-layers {spec!r}: give a count 1..{num_layers} or distinct layer indices in "
                        f"[0, {num_layers})")
   return layers
+
 
 def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
                   draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
@@ -84,6 +86,7 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
                                            ngram=ngram, ngram_caps=caps, **inputs)
   return d_obj, d_params, k
 
+
 def default_draft_model(m: Model) -> Model:
   """The registry's draft for the target ``m`` (loaded once, in the target's dtype, and kept with it)."""
   from specjax.checkpoints import registry
@@ -96,6 +99,7 @@ def default_draft_model(m: Model) -> Model:
     say(f"drafter 'model': loading the registry's draft for {m.source}, {name}")
     m._compiled[key] = load(name, dtype=str(m.dtype))
   return m._compiled[key]
+
 
 def _eagle_head(m: Model, draft):
   """A trained feature drafter's config and params (a directory from ``specjax train``) for the target ``m``."""

@@ -27,6 +27,7 @@ def device_memory_bytes() -> float:
   except (ValueError, OSError, AttributeError):
     return float("inf")
 
+
 def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
                  budget: float | None = None) -> None:
   """Refuse buffers whose bill (target and draft KV with speculative headroom, logits workspace, weights)
@@ -37,6 +38,7 @@ def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cf
   memory.check_budget(budget if budget is not None else device_memory_bytes(), bill, batch_size,
                          what=f"KV buffers of {max_len} slots")
 
+
 def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, extra: int = 0) -> None:
   longest = max(prompt_lens)
   if longest + max_new_tokens + extra > max_len:
@@ -45,6 +47,7 @@ def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, ex
         + (f" + {extra} speculative slots" if extra else "")
         + f" does not fit the KV cache of {max_len} positions: raise --max-len or shorten the prompt "
         "or --max-new-tokens")
+
 
 def check_same_vocabulary(target: Model, draft: Model) -> None:
   tv, dv = target.tokenizer.vocab_size, draft.tokenizer.vocab_size

@@ -22,6 +22,7 @@ def _shape_key(engine: spec.Engine) -> str:
     key += f" ({type(engine.tree).__name__}, depth {engine.depth})"
   return key
 
+
 def _sharded_jits(mesh, batch_size: int):
   """jit builders for the prefill and the decode loop on ``mesh`` with explicit out_shardings (from the
   abstract output: ``sharding.state_shardings``); inputs carry theirs as ShapeDtypeStruct shardings."""
@@ -35,6 +36,7 @@ def _sharded_jits(mesh, batch_size: int):
     return jax.jit(spec.decode_loop, static_argnames=("engine",), donate_argnames=("state",),
                    out_shardings=sharding.state_shardings(out_abs, mesh, batch_size))
   return init_fn, loop_fn
+
 
 def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad: int, max_len: int,
                      draft_params=(), log=say):
@@ -103,12 +105,14 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
       f"{compile_cache.describe(compile_cache.since(before))} in {seconds:.1f}s")
   return m._compiled[init_key], m._compiled[loop_key], seconds
 
+
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
                 max_len: int, tree=None) -> spec.Engine:
   """``tree``: the engine's shape (``TreeChoice.shape``: a StaticTree or a DynamicShape with k_max nodes);
   None drafts the chain of k_max."""
   return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
                      buckets=buffers.kv_buckets(max_len), tree=tree)
+
 
 def device_inputs(m: Model, batch_size: int, max_len: int, *host_arrays):
   """A fresh KV cache and the per-sequence host arrays [B, ...] on the model's devices: ``device_put``

@@ -54,6 +54,7 @@ class Model:
   def weight_bytes(self) -> int:
     return model_lib.param_bytes(self.params)
 
+
 def on_mesh(m: Model, mesh) -> Model:
   """The model with its parameters sharded over ``mesh`` (a ``jax.sharding.Mesh`` or 'DATAxMODEL'), by
   ``sharding.RULES``; the decode loop then runs the stacked sharded parameters too (GSPMD partitions both)."""
@@ -61,6 +62,7 @@ def on_mesh(m: Model, mesh) -> Model:
   mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
   params = sharding.shard_params(m.params, mesh)
   return dataclasses.replace(m, params=params, exec_params=params, mesh=mesh, _compiled={})
+
 
 def default_exec_params(params):
   """On the CPU, per-layer arrays (see ``model.unstack_layers``), cut as views of the stacked ones: no copy,
@@ -78,10 +80,12 @@ def default_exec_params(params):
 
 _DTYPES = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
 
+
 def default_dtype(backend: str | None = None) -> str:
   """What ``dtype="auto"`` means: bfloat16 on accelerators (GPU, TPU: their matmul units and bandwidth are
   built for it), float32 on the CPU (where the native kernels are fp32)."""
   return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
 
 def load(name_or_path: str, dtype: str = "auto") -> Model:
   """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory, with

@@ -27,6 +27,7 @@ class TreeChoice:
   def num_nodes(self) -> int:
     return self.shape.num_nodes
 
+
 def load_acceptance(acceptance):
   """An acceptance vector (or depth-conditioned table) from a file written by ``specjax acceptance-vector``,
   or from a list of numbers (or of per-depth lists); None passes through."""
@@ -35,6 +36,7 @@ def load_acceptance(acceptance):
   if isinstance(acceptance, (str, os.PathLike)):
     return tree_shapes.load_acceptance_vector(acceptance)
   return tree_shapes.acceptance_tuple(acceptance)
+
 
 def resolve_tree(tree, acceptance=None, *, drafter: str = "ngram",
                  max_len: int = DEFAULT_MAX_LEN) -> TreeChoice | None:
@@ -53,6 +55,7 @@ def resolve_tree(tree, acceptance=None, *, drafter: str = "ngram",
                        "or use --tree sequoia:N")
   return TreeChoice(spec_, shape_for(spec_, acc), acc)
 
+
 def _parse_tree(text: str) -> tree_shapes.TreeSpec:
   """``parse_tree_spec``, naming the file when a ``paths:`` file does not hold a tree."""
   try:
@@ -62,6 +65,7 @@ def _parse_tree(text: str) -> tree_shapes.TreeSpec:
     if kind.strip().lower() != "paths" or file.strip() in str(e):
       raise
     raise SpecjaxError(f"tree paths file '{file.strip()}' is not a tree: {e}") from None
+
 
 def tree_stats(choice: TreeChoice | None, k_max: int, acceptance=None) -> dict:
   """The tree keys of a result: spec text (``chain:K`` without a tree), nodes N, and τ predicted from the
@@ -76,6 +80,7 @@ def tree_stats(choice: TreeChoice | None, k_max: int, acceptance=None) -> dict:
   if acc is not None and not isinstance(shape, DynamicShape) and k_max > 0:
     out["predicted_mean_accepted_length"] = tree_shapes.predicted_tau(shape, acc)
   return out
+
 
 def acceptance_tree(ranks: int, depths: int = 1) -> tree_shapes.StaticTree:
   """The measuring tree: the drafter's ``ranks`` best choices under the root and, for ``depths`` > 1, under

@@ -28,7 +28,8 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   if kind.layers:
     from specjax.api import parse_layers
     layers = parse_layers(draft_layers, cfg.num_layers)
-  dcfg = drafter_registry.draft_config(kind, cfg, draft.cfg if draft is not None else None, layers)
+  dcfg = drafter_registry.draft_config(kind, cfg, draft.cfg if kind.draft_model and draft is not None else None,
+                                      layers)
 
   def draft_s(k, batch):
     if dcfg is None or k <= 0:

@@ -7,12 +7,13 @@ the continuous batcher, the experiments) asks a ``Kind`` what it needs instead:
   kind.draft_model      # True: runs a separate draft model (``--draft MODEL``; its weights and KV in the bill)
   kind.trees            # False: drafts chains only
 
-A new drafter lands here (one ``Kind`` and one builder) and in its own module beside ``drafters.py``.
+A new drafter lands here (one ``Kind`` and one entry in ``_BUILDERS``) and in its own module beside
+``drafters.py``.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
@@ -86,19 +87,46 @@ def build(kind: Kind, target_cfg: ModelConfig, target_params, *, k: int, depth: 
           draft_cfg: ModelConfig | None = None, draft_params=None, head: Any = None):
   """(drafter, draft_params) for a kind whose inputs the caller resolved: the draft model's config and params
   (``draft_model``), the target's layer subset (``layers``), a loaded head (``(EagleConfig, params)``)."""
-  name = kind.name
-  if name == "none":
-    return drafters.NoDrafter(), ()
-  if name == "ngram":
-    return drafters.NgramDrafter(max_ngram=ngram, match_caps=tuple(ngram_caps)), ()
-  if name == "layerskip":
-    cfg = target_cfg.replace(name=f"{target_cfg.name}-layers{'_'.join(map(str, layers))}", num_layers=len(layers))
-    return drafters.ModelDrafter(cfg, name="layerskip", buckets=buckets), drafters.layer_subset(target_params, layers)
-  if name == "model":
-    return drafters.ModelDrafter(draft_cfg, name="model", buckets=buckets), draft_params
-  if name == "hybrid":
-    return hybrid.hybrid_drafter(draft_cfg, k, min_match=ngram, buckets=buckets), draft_params
-  if name == "eagle":
-    ecfg, params = head
-    return eagle.EagleDrafter(ecfg.layer_cfg, name="eagle", buckets=buckets, ecfg=ecfg, max_depth=depth or k), params
-  raise AssertionError(f"no builder for drafter kind '{name}'")
+  inputs = _Inputs(target_cfg, target_params, k, depth, buckets, ngram, tuple(ngram_caps), layers, draft_cfg,
+                   draft_params, head)
+  return _BUILDERS[kind.name](inputs)
+
+
+class _Inputs(NamedTuple):
+  target_cfg: ModelConfig
+  target_params: Any
+  k: int
+  depth: int | None
+  buckets: Any
+  ngram: int
+  ngram_caps: tuple[int, ...]
+  layers: Sequence[int] | None
+  draft_cfg: ModelConfig | None
+  draft_params: Any
+  head: Any
+
+
+def _layerskip(x: _Inputs):
+  cfg = x.target_cfg.replace(name=f"{x.target_cfg.name}-layers{'_'.join(map(str, x.layers))}",
+                             num_layers=len(x.layers))
+  return drafters.ModelDrafter(cfg, name="layerskip", buckets=x.buckets), drafters.layer_subset(x.target_params,
+                                                                                                x.layers)
+
+
+def _eagle(x: _Inputs):
+  ecfg, params = x.head
+  return (eagle.EagleDrafter(ecfg.layer_cfg, name="eagle", buckets=x.buckets, ecfg=ecfg, max_depth=x.depth or x.k),
+          params)
+
+
+# One builder per kind (a new drafter: a Kind above and its builder here).
+_BUILDERS = {
+    "none": lambda x: (drafters.NoDrafter(), ()),
+    "ngram": lambda x: (drafters.NgramDrafter(max_ngram=x.ngram, match_caps=x.ngram_caps), ()),
+    "layerskip": _layerskip,
+    "model": lambda x: (drafters.ModelDrafter(x.draft_cfg, name="model", buckets=x.buckets), x.draft_params),
+    "hybrid": lambda x: (hybrid.hybrid_drafter(x.draft_cfg, x.k, min_match=x.ngram, buckets=x.buckets),
+                         x.draft_params),
+    "eagle": _eagle,
+}
+assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
