@@ -39,6 +39,10 @@ class ModelConfig:
   max_position: int = 8192    # the model's trained context
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
+  # Not the model but where it runs: the kernels its ops take here (``kernels.dispatch.Backends``), resolved
+  # when it is loaded or put on a mesh; None for a config built by hand (resolved when traced).  Static like
+  # the rest, so a forward compiled for one set of backends is never reused for another.
+  backends: Any = None
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -62,8 +66,10 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    """Plain JSON-able values (``from_dict`` inverts it exactly)."""
-    return dataclasses.asdict(self)
+    """Plain JSON-able values (``from_dict`` inverts it, less the backends: they belong to a machine)."""
+    d = dataclasses.asdict(self.replace(backends=None))
+    del d["backends"]
+    return d
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
@@ -71,6 +77,7 @@ class ModelConfig:
     if d.get("rope_scaling") is not None:
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+    d.pop("backends", None)
     return cls(**d)
 
 

@@ -162,11 +162,20 @@ def cast_params(params: Params, dtype) -> Params:
 # Building blocks
 
 
-def linear(x_BxTxD: jax.Array, w_NxD: jax.Array, live_T=None) -> jax.Array:
-  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs, else XLA.
-  ``live_T`` (traced): only the first live_T tokens of each sequence matter; the rest come out zero."""
+def backends_of(cfg: ModelConfig) -> dispatch.Backends:
+  """The backends ``cfg`` was loaded with; a config built by hand resolves them now, on the mesh of
+  ``sharding.use`` (None: one device)."""
+  return cfg.backends if cfg.backends is not None else dispatch.resolve(sharding.current())
+
+
+def linear(x_BxTxD: jax.Array, w_NxD: jax.Array, live_T=None, backends: dispatch.Backends | None = None) -> jax.Array:
+  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs (where ``backends``
+  allow it), else XLA.  ``live_T`` (traced): only the first live_T tokens of each sequence matter; the rest
+  come out zero."""
   B, T, D = x_BxTxD.shape
-  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T).reshape(B, T, w_NxD.shape[0])
+  backends = backends or dispatch.resolve(sharding.current())
+  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T,
+                             backends).reshape(B, T, w_NxD.shape[0])
 
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
@@ -339,16 +348,17 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
   bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + U).astype(jnp.int32)
 
-  path = dispatch.attention(T, dtype, cache.k.dtype)
+  backends = backends_of(cfg)
+  path = dispatch.attention(backends, T, dtype, cache.k.dtype)
 
   def attend_layer(q, k_all, v_all, layer):
     # Both kernels read each sequence's live slots straight from the buffer: no window needed.
     if path == "native":
       return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, region_BxTxU, live_T)
     if path == "pallas":
-      if sharding.distributed():   # a custom call GSPMD cannot split: each device runs it on its shard
-        return sharding.attention_per_shard(pallas_kernels.tree_attention, q, k_all, v_all, layer, lengths,
-                                            region_BxTxU)
+      if backends.distributed:   # a custom call GSPMD cannot split: each device runs it on its shard
+        return sharding.attention_per_shard(pallas_kernels.tree_attention, backends.mesh, q, k_all, v_all,
+                                            layer, lengths, region_BxTxU)
       return pallas_kernels.tree_attention(q, k_all, v_all, layer, lengths, region_BxTxU)
 
     def over(w):
@@ -362,7 +372,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     x_BxTxD, k_all, v_all = carry
     lp, layer = layer_in
     h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
-    qkv = linear(h, lp["w_qkv"], live_T)
+    qkv = linear(h, lp["w_qkv"], live_T, backends)
     if cfg.qkv_bias:
       qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
@@ -372,10 +382,10 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
     k_all = _write_slots(k_all, layer, k, lengths, slots_BxT)
     v_all = _write_slots(v_all, layer, v, lengths, slots_BxT)
     o = attend_layer(q, k_all, v_all, layer)
-    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"], live_T)
+    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"], live_T, backends)
     h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
-    gate, up = jnp.split(linear(h, lp["w_gate_up"], live_T), 2, axis=-1)
-    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"], live_T)
+    gate, up = jnp.split(linear(h, lp["w_gate_up"], live_T, backends), 2, axis=-1)
+    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"], live_T, backends)
     return (x_BxTxD, k_all, v_all), x_BxTxD if taps else None
 
   taps = tuple(feature_layers or ())
@@ -399,7 +409,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   if head_index_B is not None:
     x_BxTxD = jnp.take_along_axis(x_BxTxD, head_index_B[:, None, None], axis=1)
   hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
-  logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T)
+  logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T, backends)
   return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T), features)
 
 
@@ -410,6 +420,6 @@ def scatter_to_vocab(logits_BxTxVr: jax.Array, head_ids_Vr: jax.Array, vocab_siz
   return full.at[..., head_ids_Vr].set(logits_BxTxVr.astype(jnp.float32))
 
 
-def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None) -> jax.Array:
+def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None, backends=None) -> jax.Array:
   head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-  return linear(hidden_BxTxD, head_VxD, live_T).astype(jnp.float32)
+  return linear(hidden_BxTxD, head_VxD, live_T, backends or backends_of(cfg)).astype(jnp.float32)

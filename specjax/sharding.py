@@ -8,11 +8,12 @@ inputs' shardings and inserts the collectives (an all-reduce after each row-para
     mesh = sharding.make_mesh("2x4")                  # DATA x MODEL devices
     params = sharding.shard_params(params, mesh)
     cache = sharding.shard_cache(init_cache(cfg, B, S), mesh)
-    with sharding.use(mesh):                          # the native CPU kernels step aside (see below)
-      state = speculative.generate(params, (), cache, ...)
+    cfg = cfg.replace(backends=dispatch.resolve(mesh))   # what ``api.on_mesh`` does: the kernels know the mesh
+    state = speculative.generate(params, (), cache, ..., engine=Engine(cfg=cfg, ...))
 
-The native CPU kernels are XLA custom calls that GSPMD cannot split: under a mesh of more than one device
-the model takes its XLA paths instead (``distributed()``), so no weight is gathered to run them.  The Pallas
+The native CPU kernels are XLA custom calls that GSPMD cannot split: on a mesh of more than one device the
+model takes its XLA paths instead (``kernels.dispatch.Backends.distributed``), so no weight is gathered to run
+them.  The Pallas
 tree-attention kernel (GPU, TPU) is a custom call too, but attention is independent per sequence and per KV
 head: ``attention_per_shard`` runs it under ``jax.shard_map``, each device on its own sequences and heads of
 the KV buffer, with no collective at all.
@@ -23,7 +24,6 @@ heads on 8 devices still runs, with less sharding); ``spec_for`` says what each 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 
 import jax
@@ -160,8 +160,9 @@ def shard_batch(x, mesh: Mesh):
 
 @contextlib.contextmanager
 def use(mesh: Mesh | None):
-  """Trace under ``mesh`` (None: no mesh, a no-op): while active (on this thread), ``distributed()`` says whether the model must avoid
-  the unsplittable native kernels."""
+  """Trace a config built by hand (``cfg.backends`` None: a trainer's, a test's) for ``mesh``: while active (on
+  this thread) such a forward resolves its backends for this mesh.  A loaded model's config carries its own
+  (``on_mesh``) and needs none of this."""
   prev = getattr(_LOCAL, "mesh", None)
   _LOCAL.mesh = mesh
   try:
@@ -174,18 +175,11 @@ def current() -> Mesh | None:
   return getattr(_LOCAL, "mesh", None)
 
 
-def distributed() -> bool:
-  """True while tracing under a mesh of more than one device."""
-  mesh = current()
-  return mesh is not None and math.prod(mesh.shape.values()) > 1
-
-
-def attention_per_shard(kernel, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
-  """``kernel`` (same signature, e.g. ``pallas_kernels.tree_attention``) on each device's shard of the
-  current mesh: sequences over "data", query heads and KV heads over "model" (query head h reads KV head
+def attention_per_shard(kernel, mesh: Mesh, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
+  """``kernel`` (same signature, e.g. ``pallas_kernels.tree_attention``) on each device's shard of
+  ``mesh``: sequences over "data", query heads and KV heads over "model" (query head h reads KV head
   h // G, so the model axis splitting both H and K keeps each group on one device).  An axis that does not
   divide B (or H and K) is left whole on that dimension: correct, just less split."""
-  mesh = current()
   B, _, H, _ = q_BxTxHxE.shape
   K = k_LxBxSxKxE.shape[3]
   d = "data" if B % mesh.shape["data"] == 0 else None

@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 from specjax import config, kv_cache, model, sampling, sharding  # noqa: E402
+from specjax.kernels import dispatch  # noqa: E402
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
 
 # Every sharded dimension divisible by 8: 8 heads = 8 KV heads of 4, FFN 64, vocabulary 128, batch 8.
@@ -34,31 +35,26 @@ MAX_NEW = rng.integers(6, 14, B).astype(np.int32)
 def run(params, dparams, drafter, shape, sp, mesh, hlo=None):
   """Tokens of each sequence; with ``hlo`` (a dict), also the compiled program's text under hlo["text"]."""
   N = shape.num_nodes
-  eng = Engine(cfg=CFG, drafter=drafter, k_max=N, sp=sp, eos_ids=(), buckets=BUCKETS, tree=shape)
-  cache = kv_cache.init_cache(CFG, B, S)
+  # What ``on_mesh`` does to a loaded model: the backends, with the mesh, resolved once into the config.
+  cfg = CFG.replace(backends=dispatch.resolve(mesh))
+  if isinstance(drafter, ModelDrafter):
+    drafter = ModelDrafter(DRAFT_CFG.replace(backends=cfg.backends), buckets=BUCKETS)
+  eng = Engine(cfg=cfg, drafter=drafter, k_max=N, sp=sp, eos_ids=(), buckets=BUCKETS, tree=shape)
+  cache = kv_cache.init_cache(cfg, B, S)
   args = [jnp.asarray(PROMPTS), jnp.asarray(LENS), jnp.asarray(MAX_NEW), jnp.full((B,), N, jnp.int32)]
   if mesh is not None:
     params = sharding.shard_params(params, mesh)
     dparams = sharding.shard_params(dparams, mesh) if dparams != () else ()
     cache = sharding.shard_cache(cache, mesh)
     args = [sharding.shard_batch(a, mesh) for a in args]
-  with sharding.use(mesh) if mesh is not None else _null():
-    if hlo is None:
-      st = generate(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng)
-    else:   # compile once: read the program, then run that same executable
-      compiled = generate.lower(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng).compile()
-      hlo["text"] = compiled.as_text()
-      st = compiled(params, dparams, cache, *args, jax.random.PRNGKey(7))
+  if hlo is None:
+    st = generate(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng)
+  else:   # compile once: read the program, then run that same executable
+    compiled = generate.lower(params, dparams, cache, *args, jax.random.PRNGKey(7), engine=eng).compile()
+    hlo["text"] = compiled.as_text()
+    st = compiled(params, dparams, cache, *args, jax.random.PRNGKey(7))
   seq = np.asarray(st.seq_BxS)
   return [seq[i, LENS[i]:LENS[i] + int(st.num_new_B[i])].tolist() for i in range(B)]
-
-
-class _null:
-  def __enter__(self):
-    return None
-
-  def __exit__(self, *a):
-    return False
 
 
 def collectives(text):
@@ -128,7 +124,7 @@ def main():
   out["collectives_2x4"], out["all_gather_shapes_2x4"] = collectives(hlo["text"])
   # The Pallas tree kernel (interpret mode here) per shard under shard_map: same tokens, no gathered KV.
   os.environ["SPECJAX_ATTENTION"] = "pallas"
-  jax.clear_caches()     # the attention path is chosen at trace time
+  # resolved again by run(): the path rides in the config, so the executables differ
   pallas_hlo = {}
   out["results"]["pallas-tree/greedy"] = {   # against the XLA path's single-device tokens (model-tree/greedy)
       "single": out["results"]["model-tree/greedy"]["single"],

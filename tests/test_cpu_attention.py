@@ -52,10 +52,14 @@ def test_gradient_goes_through_reference():
 
 def test_dispatch():
   rows = dispatch.ATTENTION_NATIVE_MAX_ROWS
-  assert dispatch.native_attention_applies(rows, jnp.float32, jnp.float32)
-  assert not dispatch.native_attention_applies(rows + 1, jnp.float32, jnp.float32)     # prefill: XLA
-  assert not dispatch.native_attention_applies(4, jnp.bfloat16, jnp.float32)
-  assert dispatch.attention(rows + 1, jnp.float32, jnp.float32) == "xla"
+  here = dispatch.resolve()
+  assert here.attention == "native"
+  assert dispatch.native_attention_applies(here, rows, jnp.float32, jnp.float32)
+  assert not dispatch.native_attention_applies(here, rows + 1, jnp.float32, jnp.float32)     # prefill: XLA
+  assert not dispatch.native_attention_applies(here, 4, jnp.bfloat16, jnp.float32)
+  assert dispatch.attention(here, rows + 1, jnp.float32, jnp.float32) == "xla"
+  assert dispatch.attention(dispatch.Backends(attention="pallas"), rows, jnp.float32, jnp.float32) == "pallas"
+  assert dispatch.attention(dispatch.Backends(attention="xla"), 1, jnp.float32, jnp.float32) == "xla"
   q, k, v, lengths, mask = _inputs(3, 1, 1, 32, 1, 2, 16, 2)
   text = jax.jit(lambda *a: ca.attend_cache(*a, 0, lengths, mask)).lower(q, k, v).as_text()
   assert ca.TARGET in text

@@ -15,7 +15,7 @@ PACKAGES = ("specjax", "pallas_kernels", "experiments")
 
 # What the bottom layer may import from specjax: the kernels (and the Pallas kernels) sit under the model.
 BOTTOM = ("specjax.kernels", "pallas_kernels")
-BOTTOM_MAY_IMPORT = {"specjax.settings", "specjax.cache_location", "specjax.machine", "specjax.sharding",
+BOTTOM_MAY_IMPORT = {"specjax.settings", "specjax.cache_location", "specjax.machine",
                      "specjax.errors"}
 
 

@@ -135,3 +135,36 @@ def test_attention_is_measured_at_load_and_followed(fresh, capfd):
   choices.save(data)
   choices.forget()
   assert _attention_uses_native(1) and _attention_uses_native(5)
+
+
+def _forward_text(cfg):
+  from specjax import config, model
+  from specjax.kv_cache import init_cache
+  params = model.init_params(config.TINY, jax.random.PRNGKey(0))
+  tokens = jnp.ones((1, 1), jnp.int32)
+  f = lambda p, t, c: model.forward(p, cfg, t, t, c).logits  # noqa: E731
+  return jax.jit(f).lower(params, tokens, init_cache(cfg, 1, 32)).as_text()
+
+
+def test_the_choice_is_made_once_at_load_and_rides_in_the_config(fresh, monkeypatch):
+  """What ``runtime.loaded.load`` does (``dispatch.resolve`` into ``cfg.backends``): the forward then follows
+  the config, not the environment or the table at trace time; a mesh of several devices keeps the native
+  kernels out, whatever the table says."""
+  import types
+  from specjax import config
+  from specjax.kernels import cpu_attention, dispatch
+  _store({"small": "native", "large": "native"})
+  loaded = config.TINY.replace(backends=dispatch.resolve())
+  assert loaded.backends == dispatch.Backends(attention="native", native_matmul=frozenset({"small", "large"}))
+  text = _forward_text(loaded)
+  assert cpu_matmul.TARGET in text and cpu_attention.TARGET in text
+  monkeypatch.setenv("SPECJAX_NATIVE", "0")              # after the load: the loaded model keeps its choice
+  text = _forward_text(loaded)
+  assert cpu_matmul.TARGET in text and cpu_attention.TARGET in text
+  assert dispatch.resolve() == dispatch.Backends(attention="xla")   # a load now would choose XLA ...
+  text = _forward_text(config.TINY.replace(backends=dispatch.resolve()))
+  assert cpu_matmul.TARGET not in text and cpu_attention.TARGET not in text   # ... and its forward follows
+  monkeypatch.setenv("SPECJAX_NATIVE", "1")
+  two = types.SimpleNamespace(shape={"data": 2, "model": 1})
+  assert dispatch.resolve(two) == dispatch.Backends(attention="xla", mesh=two)
+  assert config.TINY.replace(backends=loaded.backends).to_dict() == config.TINY.to_dict()   # not saved

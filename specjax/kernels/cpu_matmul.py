@@ -64,11 +64,14 @@ def matmul_t_native(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 
   return _native(x_MxD, w_NxD, rows)
 
 
-def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
-  """x · wᵀ: the native kernel when it applies, else the reference.  ``live``/``group``: rows r with
-  r % group ≥ live are padding and come out zero (the native kernel skips them)."""
+def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1,
+             backends: dispatch.Backends | None = None) -> jax.Array:
+  """x · wᵀ: the native kernel when it applies (``backends``: what the model was loaded with; None: resolved
+  now, for one device), else the reference.  ``live``/``group``: rows r with r % group ≥ live are padding and
+  come out zero (the native kernel skips them)."""
   M = x_MxD.shape[0]
-  if dispatch.native_matmul_applies(x_MxD.dtype, w_NxD.dtype, *w_NxD.shape):    # the rule: dispatch.py
+  backends = backends or dispatch.resolve()
+  if dispatch.native_matmul_applies(backends, x_MxD.dtype, w_NxD.dtype, *w_NxD.shape):    # the rule: dispatch.py
     if M <= MAX_ROWS:
       return matmul_t_native(x_MxD, w_NxD, live, group)
     if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data

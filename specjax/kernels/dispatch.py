@@ -14,13 +14,23 @@
 
 The platform path: "native" on the CPU, "pallas" on GPU and TPU, "xla" elsewhere; ``SPECJAX_ATTENTION``
 forces one.  The measured part is read from the stored table (``choices.py``), never measured here.
+
+What does not depend on a call's shapes (the platform, whether the native kernels are built and measured
+faster, the mesh) is resolved once, when a model is loaded (``runtime.loaded.load``, ``on_mesh``), into a
+``Backends`` that rides in the model's static config (``ModelConfig.backends``): a forward reads it and only
+adds the rules on its own row count and dtypes.  A config built by hand (tests, a trainer's bare config)
+carries none; its forward resolves one when traced, from the mesh passed to ``sharding.use``.
 """
 from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from specjax import settings, sharding
+from specjax import settings
 from specjax.kernels import choices, native
 
 MATMUL_NATIVE_MAX_ROWS = 256    # measured in the real model's whole forward (experiments/roofline.py, smollm2-135m,
@@ -47,24 +57,59 @@ def platform_attention(platform: str | None = None) -> str:
   return "xla"
 
 
-def native_attention_applies(T: int, q_dtype, cache_dtype) -> bool:
+@dataclasses.dataclass(frozen=True)
+class Backends:
+  """The backends a model's decode-sized ops may take here, resolved once (hashable: part of a static config).
+
+  attention      "native" (the C++ kernel is built and measured faster), "pallas" or "xla": what a forward of
+                 few rows runs (more rows, other dtypes: XLA, by the rules below)
+  native_matmul  the weight-size classes (``choices.CLASSES``) whose few-row matmuls take the C++ kernel
+  mesh           the mesh the parameters are sharded over (None: one device); the native kernels step aside
+                 on a mesh of several devices (GSPMD cannot split a custom call) and Pallas attention runs
+                 per shard
+  """
+  attention: str = "xla"
+  native_matmul: frozenset = frozenset()
+  mesh: Any = None
+
+  @property
+  def distributed(self) -> bool:
+    return self.mesh is not None and math.prod(self.mesh.shape.values()) > 1
+
+  def describe(self) -> dict:
+    return {"attention": self.attention, "native_matmul": sorted(self.native_matmul),
+            "mesh": None if self.mesh is None else "x".join(str(n) for n in self.mesh.devices.shape)}
+
+
+def resolve(mesh=None, platform: str | None = None) -> Backends:
+  """The ``Backends`` of a model on ``mesh`` (None: one device) on ``platform`` (default: jax's backend), from
+  ``SPECJAX_ATTENTION``/``SPECJAX_NATIVE`` and the stored choice table (read, never measured)."""
+  platform = (platform or jax.default_backend()).lower()
+  on_mesh = mesh is not None and math.prod(mesh.shape.values()) > 1
+  native_ok = platform == "cpu" and not on_mesh and native.available()
+  attention_path = platform_attention(platform)
+  if attention_path == "native" and not (native_ok and choices.attention_native()):
+    attention_path = "xla"
+  classes = frozenset(name for name, _, (N, D) in choices.CLASSES if native_ok and choices.matmul_native(N, D))
+  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh)
+
+
+def native_attention_applies(backends: Backends, T: int, q_dtype, cache_dtype) -> bool:
   """Whether the native CPU attention serves T new rows per sequence."""
-  return (T <= ATTENTION_NATIVE_MAX_ROWS and q_dtype == jnp.float32 and cache_dtype == jnp.float32
-          and not sharding.distributed() and native.available()    # GSPMD cannot split a custom call
-          and choices.attention_native())
+  return (backends.attention == "native" and T <= ATTENTION_NATIVE_MAX_ROWS and q_dtype == jnp.float32
+          and cache_dtype == jnp.float32)
 
 
-def attention(T: int, q_dtype, cache_dtype) -> str:
+def attention(backends: Backends, T: int, q_dtype, cache_dtype) -> str:
   """The attention a forward of T new rows runs: "native", "pallas" or "xla"."""
-  want = platform_attention()
-  if want == "native" and native_attention_applies(T, q_dtype, cache_dtype):
+  if native_attention_applies(backends, T, q_dtype, cache_dtype):
     return "native"
-  if want == "pallas" and T <= PALLAS_MAX_ROWS:
+  if backends.attention == "pallas" and T <= PALLAS_MAX_ROWS:
     return "pallas"
   return "xla"
 
 
-def native_matmul_applies(x_dtype, w_dtype, N: int, D: int) -> bool:
+def native_matmul_applies(backends: Backends, x_dtype, w_dtype, N: int, D: int) -> bool:
   """Whether x · wᵀ with a weight [N, D] may take the native CPU kernel (row count aside)."""
-  return (x_dtype == jnp.float32 and w_dtype == jnp.float32 and not sharding.distributed() and native.available()
-          and choices.matmul_native(N, D))
+  return (x_dtype == jnp.float32 and w_dtype == jnp.float32
+          and choices.size_class(N, D) in backends.native_matmul)

@@ -81,7 +81,8 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
     if draft is None:
       draft = default_draft_model(m)
     check_same_vocabulary(m, draft)
-    inputs.update(draft_cfg=draft.cfg, draft_params=draft.exec_params)
+    # The draft runs inside the target's program: with its backends (its mesh, where the target is sharded).
+    inputs.update(draft_cfg=draft.cfg.replace(backends=m.cfg.backends), draft_params=draft.exec_params)
   d_obj, d_params = drafter_registry.build(kind, m.cfg, m.exec_params, k=k, depth=depth, buckets=buckets,
                                            ngram=ngram, ngram_caps=caps, **inputs)
   return d_obj, d_params, k

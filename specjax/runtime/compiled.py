@@ -66,29 +66,28 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=sharding.batch_sharding(s, m.mesh))  # noqa
   B = batch_size
   made = [k for k in (init_key, loop_key) if k not in m._compiled]
-  with sharding.use(m.mesh):
-    init_args = (m.prefill_params, draft_params, cache, i32(B, prompt_pad), i32(B), i32(B), jax.random.PRNGKey(0))
-    todo = {}
-    if m.mesh is None:
-      init_traced = spec.init_jit.trace(engine, *init_args)
-      state_info = init_traced.out_info       # the state's shapes come from the prefill's trace
-      if init_key not in m._compiled:
-        todo[init_key] = init_traced.lower()
-      if loop_key not in m._compiled:
-        todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, state_info, i32(B))
-    else:
-      # On a mesh both executables get explicit shardings: the prefill's state out (KV over data and model,
-      # per-sequence arrays over data: sharding.state_shardings), the loop's state in and result out; the
-      # two then compile independently, like on one device.
-      init_fn, loop_fn = _sharded_jits(m.mesh, B)
-      state_abs = jax.eval_shape(functools.partial(spec.init, engine), *init_args)
-      state_info = sharding.with_shardings(state_abs, sharding.state_shardings(state_abs, m.mesh, B))
-      if init_key not in m._compiled:
-        todo[init_key] = init_fn(state_abs).lower(engine, *init_args)
-      if loop_key not in m._compiled:
-        loop_args = (m.exec_params, draft_params, state_info, i32(B))
-        res_abs = jax.eval_shape(functools.partial(spec.decode_loop, engine), *loop_args)
-        todo[loop_key] = loop_fn(res_abs).lower(engine, *loop_args)
+  init_args = (m.prefill_params, draft_params, cache, i32(B, prompt_pad), i32(B), i32(B), jax.random.PRNGKey(0))
+  todo = {}
+  if m.mesh is None:
+    init_traced = spec.init_jit.trace(engine, *init_args)
+    state_info = init_traced.out_info       # the state's shapes come from the prefill's trace
+    if init_key not in m._compiled:
+      todo[init_key] = init_traced.lower()
+    if loop_key not in m._compiled:
+      todo[loop_key] = spec.decode_loop_jit.lower(engine, m.exec_params, draft_params, state_info, i32(B))
+  else:
+    # On a mesh both executables get explicit shardings: the prefill's state out (KV over data and model,
+    # per-sequence arrays over data: sharding.state_shardings), the loop's state in and result out; the
+    # two then compile independently, like on one device.
+    init_fn, loop_fn = _sharded_jits(m.mesh, B)
+    state_abs = jax.eval_shape(functools.partial(spec.init, engine), *init_args)
+    state_info = sharding.with_shardings(state_abs, sharding.state_shardings(state_abs, m.mesh, B))
+    if init_key not in m._compiled:
+      todo[init_key] = init_fn(state_abs).lower(engine, *init_args)
+    if loop_key not in m._compiled:
+      loop_args = (m.exec_params, draft_params, state_info, i32(B))
+      res_abs = jax.eval_shape(functools.partial(spec.decode_loop, engine), *loop_args)
+      todo[loop_key] = loop_fn(res_abs).lower(engine, *loop_args)
   if not todo:
     pass
   elif len(todo) == 1:

@@ -13,6 +13,7 @@ from specjax import model as model_lib
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
+from specjax.kernels import dispatch
 
 
 @dataclasses.dataclass
@@ -61,7 +62,8 @@ def on_mesh(m: Model, mesh) -> Model:
   from specjax import sharding
   mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
   params = sharding.shard_params(m.params, mesh)
-  return dataclasses.replace(m, params=params, exec_params=params, mesh=mesh, _compiled={})
+  cfg = m.cfg.replace(backends=dispatch.resolve(mesh))     # the native kernels step aside on several devices
+  return dataclasses.replace(m, cfg=cfg, params=params, exec_params=params, mesh=mesh, _compiled={})
 
 
 def default_exec_params(params):
@@ -105,5 +107,6 @@ def load(name_or_path: str, dtype: str = "auto") -> Model:
   from specjax.measure import kernel_paths
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced
   m = Model.from_loaded(loaded)
+  m.cfg = m.cfg.replace(backends=dispatch.resolve())      # the backend choice, made once, rides in the config
   m.load_s = time.perf_counter() - t0
   return m

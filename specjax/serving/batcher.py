@@ -184,12 +184,10 @@ class ContinuousBatcher:
     else:                                   # slots over "data", KV heads over "model"
       cache = sharding.shard_cache(cache, self.mesh)
       args = tuple(sharding.shard_batch(a, self.mesh) for a in args)
-      with sharding.use(self.mesh):
-        abstract = jax.eval_shape(functools.partial(spec.init, eng), self.m.prefill_params, self.draft_params,
-                                  cache, *args, jax.random.PRNGKey(0))
+      abstract = jax.eval_shape(functools.partial(spec.init, eng), self.m.prefill_params, self.draft_params,
+                                cache, *args, jax.random.PRNGKey(0))
       self.jits = _mesh_jits(sharding.state_shardings(abstract, self.mesh, B))
-    with sharding.use(self.mesh):
-      st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0))
+    st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0))
     return st
 
   def _put(self, k_B):
@@ -211,9 +209,8 @@ class ContinuousBatcher:
         break
       n = min(prompt_bucket(n) + 1, longest)
     for k, eng in self.engines.items():   # a step of each bucket on an all-finished batch: compiles, no change
-      with sharding.use(self.mesh):
-        self.state = self.jits.step(eng, self.m.exec_params, self.draft_params, self.state,
-                                    self._put(np.zeros(self.slots, np.int32)))
+      self.state = self.jits.step(eng, self.m.exec_params, self.draft_params, self.state,
+                                  self._put(np.zeros(self.slots, np.int32)))
     jax.block_until_ready(self.state.seq_BxS)
     self.history.clear()
     return time.perf_counter() - t0
@@ -261,10 +258,9 @@ class ContinuousBatcher:
       arr, lens = pad_batch([r.prompt_ids], 1,          # padded to a prompt bucket: few prefill shapes
                             pad_to=min(prompt_bucket(len(r.prompt_ids)), self.max_len))
       self.key, sub = jax.random.split(self.key)
-      with sharding.use(self.mesh):
-        self.state = self.jits.admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params,
-                                     self.state, jnp.int32(slot),
-                                     *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))), sub)
+      self.state = self.jits.admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params,
+                                   self.state, jnp.int32(slot),
+                                   *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))), sub)
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
@@ -286,8 +282,7 @@ class ContinuousBatcher:
     now = self.clock()
     for slot, r in enumerate(self.running):
       if r is not None and r.cancelled:
-        with sharding.use(self.mesh):
-          self.state = self.jits.finish(self.state, jnp.int32(slot))
+        self.state = self.jits.finish(self.state, jnp.int32(slot))
         self._finish(r, now, "cancelled")
     self._admit_waiting(now)
     # The first token of each new request comes from its prefill.
@@ -299,9 +294,8 @@ class ContinuousBatcher:
     dec = self.policy.choose(obs)
     engine = self.engines[dec.k] if dec.k in self.engines else self.engines[self.k_top]
     t0 = time.perf_counter()
-    with sharding.use(self.mesh):
-      self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
-                                  self._put(dec.k_B.astype(np.int32)))
+    self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
+                                self._put(dec.k_B.astype(np.int32)))
     got = self._read_back(self.clock(), offered=dec.k_B, live=live)
     self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
                                    got, time.perf_counter() - t0))

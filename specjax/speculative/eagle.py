@@ -130,12 +130,12 @@ def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Arr
   return jnp.einsum("...f,df->...d", parts.reshape(feats_BxTxF.shape), params["fuse"])
 
 
-def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array) -> jax.Array:
-  """fc([embed(x) ; g]) [B, T, D]."""
+def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array, backends=None) -> jax.Array:
+  """fc([embed(x) ; g]) [B, T, D] (``backends``: the drafter's, ``model.backends_of``)."""
   e = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32)
   x = jnp.concatenate([e, g_BxTxD.astype(jnp.float32)], axis=-1)
   B, T, _ = x.shape
-  return model_lib.linear(x, params["fc"])
+  return model_lib.linear(x, params["fc"], backends=backends)
 
 
 def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.Array:
@@ -183,7 +183,7 @@ class EagleDrafter(ModelDrafter):
     B, P = prompt_BxP.shape
     cache = init_cache(self.cfg, B, max_len, jnp.float32).with_lengths(jnp.zeros((B,), jnp.int32))
     g = target_feature(draft_params, self.ecfg, previous_features(target_features_BxPxF))
-    x = input_proj(draft_params, prompt_BxP, g)
+    x = input_proj(draft_params, prompt_BxP, g, model_lib.backends_of(self.cfg))
     window = next((w for w in self.buckets if w >= P), self.buckets[-1]) if self.buckets else None
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     out = model_lib.forward(draft_params, self.cfg, prompt_BxP, pos, cache, kv_window=window,
@@ -198,7 +198,8 @@ class EagleDrafter(ModelDrafter):
     S = seq_BxS.shape[1]
     pos = c[:, None] + jnp.arange(self.pending, dtype=jnp.int32)[None, :]
     tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos, S - 1), axis=1)
-    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF))
+    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF),
+                   model_lib.backends_of(self.cfg))
     out = decode.windowed_forward(params, self.cfg, tokens, pos, state.cache, buckets=self.buckets,
                                   live_T=jnp.max(lengths_B - c) + 1, inputs_embeds_BxTxD=x,
                                   head_index_B=lengths_B - c)
@@ -207,7 +208,7 @@ class EagleDrafter(ModelDrafter):
 
   def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
     pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
-    x = input_proj(params, tokens_BxW, parent_feat_BxWxF)
+    x = input_proj(params, tokens_BxW, parent_feat_BxWxF, model_lib.backends_of(self.cfg))
     out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
                                   region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW, inputs_embeds_BxTxD=x)
     return to_target_vocab(params, self.ecfg, out.logits), out.hidden, out.cache.with_lengths(cache.lengths)

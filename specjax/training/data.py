@@ -157,8 +157,7 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
       arr = np.zeros((batch_size, P), np.int32)
       for row, s in enumerate(idx):
         arr[row, :lens[s]] = seqs[s]
-      with sharding.use(mesh):
-        out = run(m.prefill_params, jax.device_put(arr) if mesh is None else sharding.shard_batch(arr, mesh))
+      out = run(m.prefill_params, jax.device_put(arr) if mesh is None else sharding.shard_batch(arr, mesh))
       hid, feat, ids, lp = (distributed.to_host(x) for x in out)
       biggest = max(biggest, float(np.abs(feat).max()), float(np.abs(hid).max()))
       for row, s in enumerate(idx):

@@ -127,7 +127,6 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   data-parallel on it (``_fit``).  ``init_from``: an exported drafter to continue from (fine-tuning on new
   data: its weights and its reduced vocabulary; its features and vocabulary size must match the settings).
   """
-  from specjax import api
   from specjax.checkpoints import drafter_io
   from specjax.training import data as data_lib, evaluate
 
@@ -348,7 +347,6 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   """Distil a small Llama draft model (the target's ``layers`` to start from, its embedding and head, frozen
   or not) on the stored data; exported to RUN_DIR/drafter as a Hugging Face directory for ``--drafter model``.
   ``reduced_vocab``: 0 = the target's vocabulary, else a head of that many most frequent tokens."""
-  from specjax import api
   from specjax.checkpoints import drafter_io
   from specjax.training import draft_model, eagle_train, losses
 
@@ -409,7 +407,6 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
   """The distillation losses side by side (DistillSpec): one feature drafter per loss, same data, steps and
   seed, each in RUN_DIR/<loss>; held-out 1 − TVD and greedy agreement per draft position, as a table
   (results.csv) and a plot (losses.png)."""
-  from specjax import api
   from specjax.training import evaluate
   _check_settings("distill_losses", train_kw, train_eagle_on, _fit)
   run = Path(run_dir).expanduser()
