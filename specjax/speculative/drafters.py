@@ -170,6 +170,7 @@ class ModelDrafter:
     feats = None if feat is None else jnp.zeros((B, N1, feat.shape[-1]), feat.dtype).at[:, 0].set(feat)
     q_all = None if sp.greedy else jnp.zeros((B, N1, logits.shape[-1]), jnp.float32)
     keys = jax.random.split(key, shape.max_depth)
+    valid = jnp.ones((B, N1), bool)                    # a child that was never drawn (filler) is not a proposal
     for d in range(1, shape.max_depth + 1):
       if d > 1:
         expanding = sorted({int(parents[i]) for i in np.flatnonzero(depths == d)})
@@ -183,12 +184,13 @@ class ModelDrafter:
           feats = feats.at[:, expanding].set(feat_W)
       children = np.flatnonzero(depths == d)
       C = int(ranks[children].max()) + 1
-      chosen_BxWxC, q = sample_children(keys[d - 1], logits_BxWxV, C, sp)
+      chosen_BxWxC, q, drawn_BxWxC = sample_children(keys[d - 1], logits_BxWxV, C, sp)
       row = np.asarray([expanding.index(int(parents[i])) for i in children])
       tokens = tokens.at[:, children].set(chosen_BxWxC[:, row, ranks[children]])
+      valid = valid.at[:, children].set(drawn_BxWxC[:, row, ranks[children]] & valid[:, parents[children]])
       if q is not None:
         q_all = q_all.at[:, expanding].set(q)
-    return self._with_cache(state, cache), _static_draft(shape, tokens, q=q_all)
+    return self._with_cache(state, cache), _static_draft(shape, tokens, valid, q=q_all)
 
   def _propose_dynamic(self, draft_params, state: KVCache, seq_BxS, lengths_B, last_B, shape: DynamicShape,
                        key, sp):

@@ -133,7 +133,8 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   ``q_BxN1xV[b, i]`` is the distribution node i's children were drawn from (the filtered draft distribution);
   ``None`` means deterministic children (an n-gram trie, top-k choices): each child is its own point mass,
   accepted with probability p(x), and a rejection removes x from p.  ``residual_update=False`` is a
-  deliberately wrong rule (rejections leave p alone), kept so tests can show they catch it.
+  deliberately wrong rule (rejections leave p alone), kept so tests can show they catch it.  Children must
+  have been drawn from q (a filler child q gives no mass must come in invalid: ``sample_children``).
 
   One scan over the nodes in index order: node i is a candidate exactly when its parent is the current node
   and it is valid (parents precede children, so a node's children are all tried after it is reached).
@@ -184,11 +185,16 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
 
 def sample_children(key: jax.Array, logits_BxWxV: jax.Array, C: int, sp: sampling.SamplingParams):
   """C children per row: the top C tokens (greedy), or C tokens drawn without replacement from the filtered
-  distribution by the Gumbel top-k trick (sampling).  Returns (tokens [B, W, C], q [B, W, V] or None)."""
+  distribution by the Gumbel top-k trick (sampling).  Returns (tokens [B, W, C], q [B, W, V] or None,
+  drawn [B, W, C]): when the filtered q has fewer than C tokens with mass (top-k or top-p narrower than the
+  tree), the remaining children are filler that was never drawn (``drawn`` False): they must not be offered
+  for acceptance."""
   if sp.greedy:
-    return jax.lax.top_k(logits_BxWxV, C)[1].astype(jnp.int32), None
+    tokens = jax.lax.top_k(logits_BxWxV, C)[1].astype(jnp.int32)
+    return tokens, None, jnp.ones(tokens.shape, bool)
   filt = sampling.filtered_logits(logits_BxWxV, sp)
   q = jax.nn.softmax(filt, axis=-1)
   gumbel = jax.random.gumbel(key, filt.shape)
   scores = jnp.where(q > 0, jnp.log(jnp.maximum(q, 1e-38)) + gumbel, -jnp.inf)
-  return jax.lax.top_k(scores, C)[1].astype(jnp.int32), q
+  best, tokens = jax.lax.top_k(scores, C)
+  return tokens.astype(jnp.int32), q, best > -jnp.inf
