@@ -173,9 +173,8 @@ def linear(x_BxTxD: jax.Array, w_NxD: jax.Array, live_T=None, backends: dispatch
   allow it), else XLA.  ``live_T`` (traced): only the first live_T tokens of each sequence matter; the rest
   come out zero."""
   B, T, D = x_BxTxD.shape
-  backends = backends or dispatch.resolve(sharding.current())
   return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T,
-                             backends).reshape(B, T, w_NxD.shape[0])
+                             backends or dispatch.resolve(sharding.current())).reshape(B, T, w_NxD.shape[0])
 
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:

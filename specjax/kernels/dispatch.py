@@ -76,10 +76,6 @@ class Backends:
   def distributed(self) -> bool:
     return self.mesh is not None and math.prod(self.mesh.shape.values()) > 1
 
-  def describe(self) -> dict:
-    return {"attention": self.attention, "native_matmul": sorted(self.native_matmul),
-            "mesh": None if self.mesh is None else "x".join(str(n) for n in self.mesh.devices.shape)}
-
 
 def resolve(mesh=None, platform: str | None = None) -> Backends:
   """The ``Backends`` of a model on ``mesh`` (None: one device) on ``platform`` (default: jax's backend), from
