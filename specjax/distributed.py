@@ -30,16 +30,6 @@ ENV_AUTO = "SPECJAX_DISTRIBUTED"
 _STARTED = False
 
 
-def add_flags(p) -> None:
-  """The multi-process flags of every command that takes --mesh."""
-  p.add_argument("--coordinator", default=None,
-                 help=f"multi-process: HOST:PORT of process 0's coordinator (or ${ENV_COORDINATOR})")
-  p.add_argument("--num-processes", type=int, default=None, help=f"multi-process: how many (or ${ENV_NUM_PROCESSES})")
-  p.add_argument("--process-id", type=int, default=None, help=f"multi-process: this one's index (or ${ENV_PROCESS_ID})")
-  p.add_argument("--distributed", action="store_true",
-                 help="multi-process, values detected by jax from the cluster launcher (SLURM, Open MPI, TPU)")
-
-
 def settings(coordinator=None, num_processes=None, process_id=None, auto=False, environ=None) -> dict | None:
   """The initialize arguments from flags, then the environment; None for a single-process run."""
   env = environment() if environ is None else environ

@@ -132,6 +132,9 @@ def read_config(path: str | Path) -> dict:
     config = json.loads(cfg_file.read_text())
   except json.JSONDecodeError as e:
     raise SpecjaxError(f"{cfg_file} is not valid JSON ({e}): the drafter is damaged, export it again") from e
+  if not isinstance(config, dict) or "specjax_drafter" not in config:
+    raise SpecjaxError(f"{cfg_file} does not say what it holds (no 'specjax_drafter' key): not a directory that "
+                       "specjax exported a drafter to; pass one that `specjax train` wrote (`specjax models` lists them)")
   if config.get("specjax_drafter") != HEAD_FORMAT:
     raise SpecjaxError(f"{path} is a '{config.get('specjax_drafter')}' drafter, expected '{HEAD_FORMAT}'")
   if config.get("format_version") != FORMAT_VERSION:

@@ -11,14 +11,14 @@ import argparse
 import sys
 
 from specjax import settings
-from specjax.cli import cache, common, decoding, experiments, machine, serving
+from specjax.cli import cache, common, decoding, experiments, flags, machine, serving
 
 GROUPS = (decoding, experiments, machine, serving, cache)
 
 
 def build_parser() -> argparse.ArgumentParser:
   """The parser of every command; each parsed namespace carries its command's function as ``run``."""
-  parser = argparse.ArgumentParser(prog="specjax", description=__doc__.splitlines()[0])
+  parser = flags.Parser(prog="specjax", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
   for group in GROUPS:
     for name, fn in group.register(sub).items():

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any
 
+from specjax.cli import flags
+
 
 def log(msg: str) -> None:
   sys.stderr.write(msg + "\n")     # one write per line: helper threads may log too
@@ -45,7 +47,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                  help="weights, KV buffers and activations (logits and softmax statistics stay fp32); auto: "
                       "bfloat16 on GPU and TPU, float32 on the CPU")
-  p.add_argument("--max-len", type=int, default=None,
+  p.add_argument("--max-len", type=flags.COUNT, default=None,
                  help="KV cache positions per sequence (default: generate and bench size them to the longest "
                       "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
                       "other commands 2048)")
@@ -54,11 +56,23 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_mesh_flags(p: argparse.ArgumentParser) -> None:
-  from specjax import distributed
   p.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh of all "
                                 "processes' devices (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
                                 "makes N devices); docs/MULTI_DEVICE.md")
-  distributed.add_flags(p)
+  add_process_flags(p)
+
+
+def add_process_flags(p: argparse.ArgumentParser) -> None:
+  """The multi-process flags of every command that takes --mesh (``specjax/distributed.py`` reads them)."""
+  from specjax import distributed as d
+  p.add_argument("--coordinator", default=None,
+                 help=f"multi-process: HOST:PORT of process 0's coordinator (or ${d.ENV_COORDINATOR})")
+  p.add_argument("--num-processes", type=flags.COUNT, default=None,
+                 help=f"multi-process: how many (or ${d.ENV_NUM_PROCESSES})")
+  p.add_argument("--process-id", type=flags.NONNEG, default=None,
+                 help=f"multi-process: this one's index (or ${d.ENV_PROCESS_ID})")
+  p.add_argument("--distributed", action="store_true",
+                 help="multi-process, values detected by jax from the cluster launcher (SLURM, Open MPI, TPU)")
 
 
 def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
@@ -68,14 +82,14 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
   p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
                  "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
   if trees:
-    p.add_argument("--k", type=int, default=4, help="tokens drafted per speculative step (a chain)")
+    p.add_argument("--k", type=flags.NONNEG, default=4, help="tokens drafted per speculative step (a chain)")
     p.add_argument("--tree", default=None, action="append" if many_trees else "store",
                    help="token tree of N draft nodes instead of the chain of --k: chain:K, branch:W1,W2,..., "
                         "paths:FILE, sequoia:N[:D] (needs --acceptance) or dynamic:N[:TOPK[:D]]"
                         + ("; repeat it to compare several trees in the same run" if many_trees else ""))
     p.add_argument("--acceptance", default=None,
                    help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
-  p.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter ngram; "
+  p.add_argument("--ngram", type=flags.COUNT, default=3, help="longest n-gram matched by --drafter ngram; "
                  "the match --drafter hybrid needs before it drafts by lookup")
   p.add_argument("--ngram-caps", default="1,3",
                  help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
@@ -86,16 +100,16 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
   from specjax.serving.policies import POLICIES
-  p.add_argument("--k", type=int, default=4, help="k for --policy fixed and off-above")
+  p.add_argument("--k", type=flags.NONNEG, default=4, help="k for --policy fixed and off-above")
   p.add_argument("--policy", default="fixed", choices=POLICIES,
                  help="fixed k; off-above (k up to --max-batch live sequences, else 0); adaptive (smoothed "
                       "acceptance moves k); goodput (the cost model's best k, per sequence)")
   p.add_argument("--buckets", default="0,1,2,4,8", help="compiled k values for adaptive and goodput")
-  p.add_argument("--max-batch", type=int, default=4, help="--policy off-above: speculate up to this many")
-  p.add_argument("--slots", type=int, default=8, help="sequences decoded at once (fixed KV buffers)")
+  p.add_argument("--max-batch", type=flags.NONNEG, default=4, help="--policy off-above: speculate up to this many")
+  p.add_argument("--slots", type=flags.COUNT, default=8, help="sequences decoded at once (fixed KV buffers)")
   p.add_argument("--device", default=None, help="cost model for --policy goodput: a published spec or a "
                                                "calibration JSON (default: this machine, calibrated)")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=flags.NONNEG, default=0)
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
@@ -186,8 +200,21 @@ def drafter_kwargs(args) -> dict:
 def check_drafter(args) -> None:
   """Everything about the drafter and the tree that can fail without a model: before any loading."""
   from specjax import api
-  drafters().get(args.drafter)       # an unknown name: one line listing the names
+  from specjax.errors import SpecjaxError
+  kind = drafters().get(args.drafter)       # an unknown name: one line listing the names
   parse_ngram_caps(args.ngram_caps)
+  if getattr(args, "buckets", None) is not None:
+    parse_buckets(args.buckets)
+  draft = getattr(args, "draft", None)
+  if draft and kind.draft is None:
+    raise SpecjaxError(f"--draft is only used with {drafters().draft_flag_help()} (got --drafter {args.drafter})")
+  if draft and kind.draft == "head":        # a directory that is not a drafter fails before the target loads
+    from specjax.checkpoints import drafter_io
+    drafter_io.read_config(draft)
+  elif draft and kind.draft_model:          # so does a draft model path that does not exist
+    from specjax.checkpoints import registry
+    if draft not in registry.KNOWN_MODELS:
+      registry.resolve(draft)
   if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
     trees = args.tree if isinstance(args.tree, list) else [args.tree]
     for tree in trees:

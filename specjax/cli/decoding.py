@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specjax.cli import common
+from specjax.cli import common, flags
 
 
 def register(sub) -> dict:
@@ -17,13 +17,13 @@ def register(sub) -> dict:
   src.add_argument("--prompts", help="a Spec-Bench .jsonl file (first turn) or a text file, one per line; "
                                      "'specjax-prompts' for the built-in set")
   g.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
-  g.add_argument("--limit", type=int, help="use only the first N prompts")
-  g.add_argument("--max-new-tokens", type=int, default=128)
-  g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-  g.add_argument("--top-k", type=int, default=0, help="0 = off")
-  g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-  g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--batch-size", type=int, default=1)
+  g.add_argument("--limit", type=flags.COUNT, help="use only the first N prompts")
+  g.add_argument("--max-new-tokens", type=flags.COUNT, default=128)
+  g.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="0 = greedy")
+  g.add_argument("--top-k", type=flags.NONNEG, default=0, help="0 = off")
+  g.add_argument("--top-p", type=flags.PROBABILITY, default=1.0, help="1.0 = off")
+  g.add_argument("--seed", type=flags.NONNEG, default=0)
+  g.add_argument("--batch-size", type=flags.COUNT, default=1)
   common.add_mesh_flags(g)
   common.add_drafter_flags(g)
   g.add_argument("--json", action="store_true")
@@ -40,15 +40,15 @@ def register(sub) -> dict:
 
   b = sub.add_parser("bench", help="decode speed next to the machine's memory roofline, in one run")
   common.add_model_flags(b)
-  b.add_argument("--batch-size", type=int, default=1)
-  b.add_argument("--max-new-tokens", type=int, default=128)
+  b.add_argument("--batch-size", type=flags.COUNT, default=1)
+  b.add_argument("--max-new-tokens", type=flags.COUNT, default=128)
   b.add_argument("--prompts", default="specjax-prompts")
   b.add_argument("--category", action="append", help="keep only this prompt category (repeatable; "
                                                       "'mt_bench' selects MT-bench's eight categories)")
-  b.add_argument("--per-category", type=int, help="use only the first N prompts of each category")
-  b.add_argument("--limit", type=int, help="use only the first N prompts")
+  b.add_argument("--per-category", type=flags.COUNT, help="use only the first N prompts of each category")
+  b.add_argument("--limit", type=flags.COUNT, help="use only the first N prompts")
   b.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-  b.add_argument("--repeats", type=int, default=1,
+  b.add_argument("--repeats", type=flags.COUNT, default=1,
                  help="run the whole interleaved prompt set this many times (speedup median, IQR, spread)")
   b.add_argument("--schedule", choices=["paired", "blocked"], default="paired",
                  help="paired (default): each prompt decoded plainly and speculatively back to back, the "
@@ -65,13 +65,13 @@ def register(sub) -> dict:
   common.add_model_flags(a)
   a.add_argument("--prompts", default="specjax-prompts")
   a.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
-  a.add_argument("--limit", type=int, help="use only the first N prompts")
-  a.add_argument("--ranks", type=int, default=8, help="drafter choices measured per step (default 8)")
-  a.add_argument("--depths", type=int, default=1,
+  a.add_argument("--limit", type=flags.COUNT, help="use only the first N prompts")
+  a.add_argument("--ranks", type=flags.COUNT, default=8, help="drafter choices measured per step (default 8)")
+  a.add_argument("--depths", type=flags.COUNT, default=1,
                  help="also measure the vector at depths 2..D along the best-guess path (a depth-conditioned "
                       "table that --tree sequoia:N then uses; default 1: the position-independent vector)")
-  a.add_argument("--max-new-tokens", type=int, default=64)
-  a.add_argument("--batch-size", type=int, default=1)
+  a.add_argument("--max-new-tokens", type=flags.COUNT, default=64)
+  a.add_argument("--batch-size", type=flags.COUNT, default=1)
   common.add_drafter_flags(a, trees=False, default="ngram")
   a.add_argument("--out", default=None, help="write the JSON here (read back by --acceptance FILE)")
   a.add_argument("--json", action="store_true")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specjax.cli import common
+from specjax.cli import common, flags
 
 
 def register(sub) -> dict:
@@ -14,8 +14,7 @@ def register(sub) -> dict:
   r.add_argument("config", nargs="+", help="one or more .gin files")
   r.add_argument("--gin-binding", action="append", default=[], help="e.g. 'quickstart.max_new_tokens = 32'")
   r.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
-  from specjax import distributed
-  distributed.add_flags(r)     # a config whose experiment binds a mesh, run on several processes
+  common.add_process_flags(r)     # a config whose experiment binds a mesh, run on several processes
   r.add_argument("--json", action="store_true")
 
   tr = sub.add_parser("train", help="train a drafter with a gin config (data, training, export, evaluation)")
@@ -40,28 +39,28 @@ def register(sub) -> dict:
   e.add_argument("--draft", required=True, help="the drafter's directory")
   e.add_argument("--prompts", default="specjax-prompts")
   e.add_argument("--category", action="append", default=None)
-  e.add_argument("--limit", type=int, default=None)
-  e.add_argument("--per-category", type=int, default=None)
-  e.add_argument("--max-new-tokens", type=int, default=128)
-  e.add_argument("--max-len", type=int, default=None)
-  e.add_argument("--k", type=int, default=4)
+  e.add_argument("--limit", type=flags.COUNT, default=None)
+  e.add_argument("--per-category", type=flags.COUNT, default=None)
+  e.add_argument("--max-new-tokens", type=flags.COUNT, default=128)
+  e.add_argument("--max-len", type=flags.COUNT, default=None)
+  e.add_argument("--k", type=flags.NONNEG, default=4)
   e.add_argument("--tree", default=None)
-  e.add_argument("--temperature", type=float, default=1.0)
-  e.add_argument("--seed", type=int, default=0)
+  e.add_argument("--temperature", type=flags.TEMPERATURE, default=1.0)
+  e.add_argument("--seed", type=flags.NONNEG, default=0)
   e.add_argument("--no-speed", action="store_true", help="skip the greedy speed comparison (acceptance only)")
   e.add_argument("--json", action="store_true")
 
   ec = sub.add_parser("eval-code", help="pass@1 of code tasks (HumanEval records): each reply's test runs in "
                                         "its own subprocess with a timeout")
   ec.add_argument("--prompts", required=True, help="the HumanEval JSONL the tasks come from (by path)")
-  ec.add_argument("--limit", type=int, default=None, help="use only the first N tasks")
+  ec.add_argument("--limit", type=flags.COUNT, default=None, help="use only the first N tasks")
   ec.add_argument("--completions", default=None,
                   help="replies to test: JSON Lines (`bench --outputs`: method, question_id, text) or a "
                        "`generate --json` result (method = the file's name); without it the model generates "
                        "them (greedy, --max-new-tokens)")
-  ec.add_argument("--max-new-tokens", type=int, default=256)
-  ec.add_argument("--timeout", type=float, default=10.0, help="seconds each test may run (default 10)")
-  ec.add_argument("--batch-size", type=int, default=1)
+  ec.add_argument("--max-new-tokens", type=flags.COUNT, default=256)
+  ec.add_argument("--timeout", type=flags.POSITIVE, default=10.0, help="seconds each test may run (default 10)")
+  ec.add_argument("--batch-size", type=flags.COUNT, default=1)
   common.add_model_flags(ec)
   common.add_drafter_flags(ec)
   ec.add_argument("--json", action="store_true")

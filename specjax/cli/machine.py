@@ -1,7 +1,7 @@
 """The ``calibrate`` and ``cost`` commands: this machine's roofline and the cost model's predictions."""
 from __future__ import annotations
 
-from specjax.cli import common
+from specjax.cli import common, flags
 
 
 def register(sub) -> dict:
@@ -23,13 +23,13 @@ def register(sub) -> dict:
                        "default: this machine, calibrated")
   co.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                   help="auto: bfloat16 on a published accelerator spec, float32 on this machine's calibration")
-  co.add_argument("--batch-size", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-  co.add_argument("--k", type=int, default=4)
-  co.add_argument("--context", type=int, default=256)
-  co.add_argument("--acceptance", type=float, nargs="+", default=[0.6],
+  co.add_argument("--batch-size", type=flags.COUNT, nargs="+", default=[1, 2, 4, 8, 16, 32])
+  co.add_argument("--k", type=flags.NONNEG, default=4)
+  co.add_argument("--context", type=flags.COUNT, default=256)
+  co.add_argument("--acceptance", type=flags.FRACTION, nargs="+", default=[0.6],
                   help="per-position acceptance α_1 α_2 ... (the last repeats)")
-  co.add_argument("--max-len", type=int, default=2048, help="KV slots per sequence for the bill")
-  co.add_argument("--memory-budget", type=float, default=None,
+  co.add_argument("--max-len", type=flags.COUNT, default=2048, help="KV slots per sequence for the bill")
+  co.add_argument("--memory-budget", type=flags.POSITIVE, default=None,
                   help="GiB per device for weights + KV (default: the device's)")
   co.add_argument("--mesh", default=None, help="DATAxMODEL: the target (and draft) sharded over that many "
                                                 "devices: per-device share + all-reduce communication per step")

@@ -2,7 +2,7 @@
 HTTP, and a load generator for it."""
 from __future__ import annotations
 
-from specjax.cli import common
+from specjax.cli import common, flags
 
 
 def register(sub) -> dict:
@@ -14,12 +14,12 @@ def register(sub) -> dict:
   common.add_drafter_flags(ss, trees=False, default="ngram")
   common.add_serving_flags(ss)
   common.add_mesh_flags(ss)
-  ss.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson; 0: all at once)")
-  ss.add_argument("--requests", type=int, default=16)
+  ss.add_argument("--rate", type=flags.RATE, default=1.0, help="requests per second (Poisson; 0: all at once)")
+  ss.add_argument("--requests", type=flags.COUNT, default=16)
   ss.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
   ss.add_argument("--prompts", default="specjax-prompts", help="prompt file for the Poisson trace")
   ss.add_argument("--category", action="append", default=None)
-  ss.add_argument("--max-new-tokens", type=int, default=64)
+  ss.add_argument("--max-new-tokens", type=flags.COUNT, default=64)
   ss.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
   ss.add_argument("--json", action="store_true")
 
@@ -30,21 +30,21 @@ def register(sub) -> dict:
   common.add_serving_flags(sv)
   common.add_mesh_flags(sv)
   sv.add_argument("--host", default="127.0.0.1")
-  sv.add_argument("--port", type=int, default=8000)
-  sv.add_argument("--temperature", type=float, default=0.0, help="the sampling temperature of every request")
-  sv.add_argument("--top-p", type=float, default=1.0)
-  sv.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429s")
-  sv.add_argument("--default-max-tokens", type=int, default=256)
+  sv.add_argument("--port", type=flags.PORT, default=8000)
+  sv.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="the sampling temperature of every request")
+  sv.add_argument("--top-p", type=flags.PROBABILITY, default=1.0)
+  sv.add_argument("--max-queue", type=flags.COUNT, default=256, help="requests waiting for a slot before 429s")
+  sv.add_argument("--default-max-tokens", type=flags.COUNT, default=256)
 
   lg = sub.add_parser("loadgen", help="drive a running server over HTTP with a Poisson trace: throughput, time "
                                        "to first token, inter-token latency, the k chosen over time")
   lg.add_argument("--url", default="http://127.0.0.1:8000")
-  lg.add_argument("--rate", type=float, default=1.0, help="requests per second (0: all at once)")
-  lg.add_argument("--requests", type=int, default=16)
+  lg.add_argument("--rate", type=flags.RATE, default=1.0, help="requests per second (0: all at once)")
+  lg.add_argument("--requests", type=flags.COUNT, default=16)
   lg.add_argument("--prompts", default="specjax-prompts")
   lg.add_argument("--category", action="append", default=None)
-  lg.add_argument("--max-tokens", type=int, default=64)
-  lg.add_argument("--seed", type=int, default=0)
+  lg.add_argument("--max-tokens", type=flags.COUNT, default=64)
+  lg.add_argument("--seed", type=flags.NONNEG, default=0)
   lg.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
   lg.add_argument("--json", action="store_true")
   return {"serve-sim": cmd_serve_sim, "serve": cmd_serve, "loadgen": cmd_loadgen}
@@ -120,7 +120,12 @@ def cmd_serve(args) -> int:
 
 def cmd_loadgen(args) -> int:
   from specjax.prompts import load_prompts
+  from specjax.errors import SpecjaxError
   from specjax.serving import loadgen, trace as trace_lib
+  from urllib.parse import urlparse
+  url = urlparse(args.url)
+  if url.scheme not in ("http", "https") or not url.netloc:
+    raise SpecjaxError(f"--url must be a server's address like http://127.0.0.1:8000, got {args.url!r}")
   prompts = [p.text for p in load_prompts(args.prompts, args.category)]
   tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
   rep = loadgen.run(args.url, tr, log=common.log)

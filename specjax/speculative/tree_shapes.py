@@ -126,6 +126,11 @@ def parse_tree_spec(text: str) -> TreeSpec:
     depth = min(n, DYNAMIC_DEFAULT_DEPTH)
     if len(parts) == 3:
       depth = _spec_int(text, parts[2], "the depth limit D", f"dynamic:{n}:{top_k}:5")
+    candidates = top_k + (depth - 1) * top_k * top_k      # what DynamicShape scores before keeping the best N
+    if n > candidates:
+      raise SpecjaxError(f"tree shape '{text}': a dynamic tree keeps the best N of the {candidates} nodes it "
+                         f"scores (TOPK {top_k}, depth {depth}); lower N or raise TOPK or the depth, e.g. "
+                         f"dynamic:{min(n, candidates)}:{top_k}:{depth}")
     return TreeSpec("dynamic", num=n, top_k=top_k, max_depth=depth)
   raise SpecjaxError(f"unknown tree shape '{text}': {_SPEC_HELP}")
 
