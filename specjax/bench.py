@@ -22,8 +22,8 @@ import numpy as np
 
 from specjax import buffers, decode, distributed, provenance
 from specjax import paired as paired_lib
-from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, compile_generate, device_inputs,
-                         encode_prompts, on_mesh, resolve_tree, spec_metrics)
+from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, check_memory, compile_generate,
+                         device_inputs, encode_prompts, on_mesh, resolve_tree, spec_metrics)
 from specjax.errors import SpecjaxError
 from specjax.kv_cache import cache_bytes
 from specjax.measure import calibrate
@@ -87,19 +87,20 @@ class Method:
 AR_LABEL = "autoregressive"     # plain decoding's method name (bench --outputs, eval-code)
 
 
-def autoregressive_method(m: Model, eos_ids, max_len: int) -> Method:
-  d = build(m, DecodeSpec(), eos_ids=eos_ids, max_len=max_len)
+def autoregressive_method(m: Model, eos_ids, max_len: int, batch_size: int | None = None) -> Method:
+  d = build(m, DecodeSpec(), eos_ids=eos_ids, max_len=max_len, batch_size=batch_size)
   return Method(AR_LABEL, d.engine, (), 0, {"drafter": "none", "k": 0})
 
 
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
                        draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS,
-                       tree=None, acceptance=None) -> Method:
+                       tree=None, acceptance=None, batch_size: int | None = None) -> Method:
   """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
-  sequoia) replaces the chain of ``k`` by a token tree of N nodes."""
+  sequoia) replaces the chain of ``k`` by a token tree of N nodes.  With ``batch_size`` its memory bill must
+  fit the device."""
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
                   draft_layers=draft_layers)
-  d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft)
+  d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft, batch_size=batch_size)
   return Method(d.label, d.engine, d.draft_params, d.k_max, d.settings())
 
 
@@ -266,12 +267,12 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   metrics, and the speedup predicted from τ and the draft and verify costs timed alone."""
   timer = timer or Timer(log)
   batch_size = batches[0][0].shape[0]
+  methods = [autoregressive_method(m, eos_ids, max_len, batch_size)] + [   # each refused if it cannot fit
+      speculative_method(m, eos_ids, max_len, draft=draft, batch_size=batch_size, **sp) for sp in specs]
   bw_before = bandwidth
   if bw_before is None:
     log("[bench] measuring read bandwidth (before decoding)")
     bw_before = calibrate.measure_read_bandwidth()
-  methods = [autoregressive_method(m, eos_ids, max_len)] + [
-      speculative_method(m, eos_ids, max_len, draft=draft, **sp) for sp in specs]
   timed = time_methods(m, methods, batches, max_new_tokens, max_len, repeats=repeats, paired=paired, log=log,
                        timer=timer)
   bw_after = bandwidth
@@ -358,10 +359,12 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   acc_for = lambda t: None if len(trees) > 1 and str(t).startswith("dynamic") else acceptance  # noqa: E731
   choices = [resolve_tree(t, acc_for(t), drafter=drafter, max_len=max_len or AUTO_MAX_LEN_LIMIT)
              for t in trees]          # a bad tree fails before any decoding
+  nodes = max([c.num_nodes if c else k for c in choices]) if kind.speculates else 0
   if max_len is None:                 # buffers sized to the request (buffers.buffer_length)
-    nodes = max([c.num_nodes if c else k for c in choices]) if kind.speculates else 0
     longest = max(len(e) for e in encode_prompts(m, prompts))
     max_len = buffers.buffer_length(longest, max_new_tokens, nodes)
+  # A batch whose buffers cannot fit is refused with the bill before any prompt is batched or compiled.
+  check_memory(m, max_len, nodes, batch_size, draft.cfg if kind.draft_model and draft is not None else None)
   t_start = time.perf_counter()
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set

@@ -1,6 +1,8 @@
-"""The memory bill of a decode: target and draft weights, KV buffers with speculative headroom, and the
-logits workspace; the largest batch that fits a budget, and a one-line refusal naming the ways out when it
-does not.  ``api.check_memory`` charges every decode with it before anything is allocated."""
+"""The memory bill of a decode: target and draft weights, the buffers each sequence holds (target KV, the
+drafter's state, token ids) and the logits workspace; the largest batch that fits a budget, and a one-line
+refusal naming the ways out when it does not.  ``api.check_memory`` charges every decode with it before
+anything is allocated; tests/test_memory_bill.py holds it to the bytes of the arrays a decode allocates, for
+every drafter and dtype."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,34 +23,40 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4) -> int:
 @dataclasses.dataclass(frozen=True)
 class KVBill:
   """Memory per sequence and in total for a batch: weights are paid once, the rest per sequence."""
-  target_kv_per_seq: int        # target K/V for max_len slots (prompt + new tokens + speculative headroom)
-  draft_kv_per_seq: int         # the draft model's own K/V (0 for n-gram, layer-skip shares nothing)
+  target_kv_per_seq: int        # target K/V of the buffer's max_len slots (which hold the speculative headroom)
+  draft_kv_per_seq: int         # the drafter's state: a draft model's, layer-skip's or EAGLE's own fp32 cache
   workspace_per_seq: int        # logits of the verified rows (fp32) and, when sampling, q over the vocabulary
   weights: int                  # target + draft weights
+  tokens_per_seq: int = 0       # the decode's token ids (int32) and iteration starts (bool) per slot
 
   @property
   def per_seq(self) -> int:
-    return self.target_kv_per_seq + self.draft_kv_per_seq + self.workspace_per_seq
+    return self.target_kv_per_seq + self.draft_kv_per_seq + self.workspace_per_seq + self.tokens_per_seq
 
   def total(self, B: int) -> int:
     return self.weights + B * self.per_seq
 
 
+DRAFT_KV_BYTES = 4     # drafters keep their caches in fp32 whatever the target's dtype (speculative/drafters.py)
+
+
 def kv_bill(cfg: ModelConfig, max_len: int, nodes: int = 0, draft_cfg: ModelConfig | None = None,
-            dtype: str = "float32", sampling: bool = False) -> KVBill:
+            dtype: str = "float32", sampling: bool = False, draft_state_per_seq: int | None = None) -> KVBill:
   """The bill for buffers of ``max_len`` slots, verifying ``nodes`` drafts per step (0: no speculation).
 
-  A speculative step writes the N + 1 rows of its tree past the committed length before it knows how many
-  it keeps, so each sequence needs N + 1 slots of headroom beyond its longest committed length; the draft
-  model needs the same in its own cache."""
+  ``max_len`` is the buffer's length: a speculative step writes the N + 1 rows of its tree past the committed
+  length before it knows how many it keeps, and ``buffers.buffer_length`` sizes a buffer with that headroom
+  inside it.  A draft model's weights and fp32 cache are billed from ``draft_cfg``; ``draft_state_per_seq``
+  (a drafter's ``state_bytes_per_seq``) bills what any drafter keeps per sequence instead of the cache."""
   b = DTYPE_BYTES[dtype]
-  head = nodes + 1 if nodes else 0
-  target_kv = kv_bytes_per_token(cfg, b) * (max_len + head)
-  draft_kv = kv_bytes_per_token(draft_cfg, b) * (max_len + head) if (draft_cfg is not None and nodes) else 0
+  target_kv = kv_bytes_per_token(cfg, b) * max_len + 4                 # + the cache's int32 length
+  drafting = draft_cfg is not None and nodes
+  if draft_state_per_seq is None:
+    draft_state_per_seq = kv_bytes_per_token(draft_cfg, DRAFT_KV_BYTES) * max_len + 4 if drafting else 0
   rows = nodes + 1
   workspace = rows * cfg.vocab_size * 4 * (2 if sampling and nodes else 1)
-  weights = weight_bytes(cfg, b) + (weight_bytes(draft_cfg, b) if (draft_cfg is not None and nodes) else 0)
-  return KVBill(target_kv, draft_kv, workspace, weights)
+  weights = weight_bytes(cfg, b) + (weight_bytes(draft_cfg, b) if drafting else 0)
+  return KVBill(target_kv, draft_state_per_seq if nodes else 0, workspace, weights, tokens_per_seq=5 * max_len)
 
 
 def mesh_bill(bill: KVBill, mesh) -> KVBill:

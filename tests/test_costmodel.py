@@ -100,9 +100,12 @@ def test_kv_bill_max_batch_and_refusal():
   assert memory.kv_bytes_per_token(cfg) == per_token == 46080
   plain = memory.kv_bill(cfg, 1024, nodes=0)
   specb = memory.kv_bill(cfg, 1024, nodes=4, draft_cfg=config.TINY)
-  assert plain.target_kv_per_seq == per_token * 1024
-  assert specb.target_kv_per_seq == per_token * (1024 + 5)          # N + 1 slots of speculative headroom
-  assert specb.draft_kv_per_seq == memory.kv_bytes_per_token(config.TINY) * (1024 + 5)
+  assert plain.target_kv_per_seq == per_token * 1024 + 4           # + the int32 length
+  assert specb.target_kv_per_seq == per_token * 1024 + 4           # the headroom is inside the buffer
+  assert specb.draft_kv_per_seq == memory.kv_bytes_per_token(config.TINY) * 1024 + 4
+  bf16 = memory.kv_bill(cfg, 1024, nodes=4, draft_cfg=config.TINY, dtype="bfloat16")
+  assert bf16.target_kv_per_seq == per_token // 2 * 1024 + 4       # the target's KV in its dtype ...
+  assert bf16.draft_kv_per_seq == specb.draft_kv_per_seq           # ... the draft's cache fp32 whatever it is
   assert specb.weights == (cfg.param_count() + config.TINY.param_count()) * 4
   budget = 4 * 2**30
   bp, bs = memory.max_batch(budget, plain), memory.max_batch(budget, specb)

@@ -168,13 +168,13 @@ class Decode:
 
 def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int | None = None,
           prompt_lens: Sequence[int] = (), max_new_tokens: int = 0, batch_size: int | None = None,
-          draft: Model | None = None, memory_budget: float | None = None, headroom: int = 0) -> Decode:
+          draft: Model | None = None, memory_budget: float | None = None) -> Decode:
   """Build a decode of ``ds`` for the target ``m``.
 
   ``draft``: the draft model of a kind that runs one (default: the registry's draft for ``m``).
   ``max_len``: KV slots per sequence; None sizes it to the request (``buffers.buffer_length`` of the longest
   of ``prompt_lens`` + ``max_new_tokens`` + the tree's headroom).  With ``prompt_lens`` the prompts are checked
-  to fit; with ``batch_size`` the memory bill (buffers of ``max_len + headroom`` slots) must fit
+  to fit; with ``batch_size`` the memory bill (buffers of ``max_len`` slots) must fit
   ``memory_budget`` (default: the device's).  Every bad setting raises a one-line SpecjaxError before anything
   is allocated or compiled."""
   kind = ds.kind
@@ -190,8 +190,8 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)
   if batch_size is not None:
-    check_memory(m, max_len + headroom, k_max, batch_size, draft.cfg if kind.draft_model and draft is not None
-                 else None, sampling_=not ds.sampling.greedy, budget=memory_budget)
+    check_memory(m, max_len, k_max, batch_size, draft.cfg if kind.draft_model and draft is not None else None,
+                 sampling_=not ds.sampling.greedy, budget=memory_budget, drafter=d_obj)
   engine = make_engine(m, d_obj, k_max, ds.sampling, tuple(eos_ids), max_len,
                        tree=choice.shape if choice else None)
   layers = parse_layers(ds.draft_layers, m.cfg.num_layers) if kind.layers else None

@@ -28,13 +28,21 @@ def device_memory_bytes() -> float:
     return float("inf")
 
 
-def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
-                 budget: float | None = None) -> None:
-  """Refuse buffers whose bill (target and draft KV with speculative headroom, logits workspace, weights)
-  would not fit the memory budget, before anything is allocated."""
+def memory_bill(m: "Model", max_len: int, nodes: int, draft_cfg=None, sampling_: bool = False,
+                drafter=None) -> memory.KVBill:
+  """The bill of buffers of ``max_len`` slots verifying ``nodes`` drafts: target KV in the model's dtype, the
+  drafter's state (``drafter``'s own account when given, else a draft model's cache from ``draft_cfg``),
+  token ids, the logits workspace and the weights."""
   dtype = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}.get(
       jnp.dtype(jax.tree_util.tree_leaves(m.params)[0].dtype), "float32")
-  bill = memory.kv_bill(m.cfg, max_len, nodes, draft_cfg, dtype, sampling_)
+  state = None if drafter is None else drafter.state_bytes_per_seq(max_len)
+  return memory.kv_bill(m.cfg, max_len, nodes, draft_cfg, dtype, sampling_, draft_state_per_seq=state)
+
+
+def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
+                 budget: float | None = None, drafter=None) -> None:
+  """Refuse buffers whose ``memory_bill`` would not fit the memory budget, before anything is allocated."""
+  bill = memory_bill(m, max_len, nodes, draft_cfg, sampling_, drafter)
   memory.check_budget(budget if budget is not None else device_memory_bytes(), bill, batch_size,
                          what=f"KV buffers of {max_len} slots")
 

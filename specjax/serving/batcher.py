@@ -150,11 +150,11 @@ class ContinuousBatcher:
       buckets = [0]
     self.k_top = max(buckets)
     self.buckets = buckets
-    # One drafter for every bucket (its cache sized for the largest k); the memory bill with k_top + 1 slots of
-    # speculative headroom past max_len, as the slots' buffers are allocated.
+    # One drafter for every bucket (its cache sized for the largest k); the memory bill of the slots' buffers
+    # of max_len positions (a request must leave k_top + 1 of them free: ``headroom``).
     ds = DecodeSpec(drafter=drafter, k=max(self.k_top, 1), sampling=self.sp, **drafter_kwargs)
     built = build(m, ds, eos_ids=self.eos_ids, max_len=max_len, draft=draft, batch_size=self.slots,
-                  memory_budget=memory_budget, headroom=self.k_top + 1)
+                  memory_budget=memory_budget)
     self.draft_params = built.draft_params
     self.engines: dict[int, spec.Engine] = {
         k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))

@@ -7,6 +7,7 @@ from typing import Sequence
 from specjax import costmodel
 from specjax.speculative import registry as drafter_registry
 from specjax.serving import policies as pol
+from specjax.runtime.checks import check_memory
 from specjax.serving.batcher import ContinuousBatcher
 
 
@@ -50,6 +51,8 @@ def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4
     buckets = (0,)
   elif policy in ("fixed", "off-above"):
     buckets = (0, k)
+  # Slots whose buffers cannot fit are refused with the bill before any calibration, allocation or compile.
+  check_memory(m, max_len, max(buckets), slots, draft.cfg if kind.draft_model and draft is not None else None)
   rows_s = draft_s = None
   if policy == "goodput":
     if spec is None:

@@ -32,9 +32,12 @@ import numpy as np
 
 from specjax import decode, model as model_lib, sampling
 from specjax.config import ModelConfig
-from specjax.kv_cache import KVCache, compact, init_cache
+from specjax.kv_cache import KVCache, cache_bytes, compact, init_cache
 from specjax.speculative import tree_shapes
 from specjax.speculative.tree import sample_children
+
+
+CACHE_DTYPE = jnp.float32     # drafters' own caches, whatever the target's dtype (memory.DRAFT_KV_BYTES bills it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +90,10 @@ class NoDrafter:
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
     return ()
 
+  def state_bytes_per_seq(self, max_len: int) -> int:
+    """Bytes ``init`` allocates per sequence (the memory bill)."""
+    return 0
+
   def forwards(self, shape) -> int:
     return 0
 
@@ -125,8 +132,12 @@ class ModelDrafter:
   siblings_without_replacement: bool = True
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
-    cache = init_cache(self.cfg, prompt_BxP.shape[0], max_len, jnp.float32)
+    cache = init_cache(self.cfg, prompt_BxP.shape[0], max_len, CACHE_DTYPE)
     return decode.prefill(draft_params, self.cfg, cache, prompt_BxP, prompt_lens_B, self.buckets).cache
+
+  def state_bytes_per_seq(self, max_len: int) -> int:
+    """Bytes ``init`` allocates per sequence (the memory bill): the fp32 cache and its int32 length."""
+    return cache_bytes(self.cfg, 1, max_len, CACHE_DTYPE) + 4
 
   def forwards(self, shape) -> int:
     return shape.max_depth if shape.num_nodes else 0
@@ -278,6 +289,9 @@ class NgramDrafter:
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len):
     return ()
+
+  def state_bytes_per_seq(self, max_len: int) -> int:
+    return 0           # it reads the sequence buffer the engine keeps anyway
 
   def forwards(self, shape) -> int:
     return 0

@@ -38,7 +38,7 @@ from flax import struct
 from specjax import decode, model as model_lib
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache, init_cache
-from specjax.speculative.drafters import ModelDrafter
+from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +181,7 @@ class EagleDrafter(ModelDrafter):
     if target_features_BxPxF is None:
       raise ValueError("the EAGLE drafter needs the target's prefill features")
     B, P = prompt_BxP.shape
-    cache = init_cache(self.cfg, B, max_len, jnp.float32).with_lengths(jnp.zeros((B,), jnp.int32))
+    cache = init_cache(self.cfg, B, max_len, CACHE_DTYPE).with_lengths(jnp.zeros((B,), jnp.int32))
     g = target_feature(draft_params, self.ecfg, previous_features(target_features_BxPxF))
     x = input_proj(draft_params, prompt_BxP, g, model_lib.backends_of(self.cfg))
     window = next((w for w in self.buckets if w >= P), self.buckets[-1]) if self.buckets else None
@@ -191,6 +191,10 @@ class EagleDrafter(ModelDrafter):
     last_feat = jnp.take_along_axis(target_features_BxPxF, (prompt_lens_B - 1)[:, None, None], axis=1)
     feats = jnp.zeros((B, self.pending, self.ecfg.feature_dim), jnp.float32).at[:, :1].set(last_feat)
     return EagleState(cache=out.cache.with_lengths(prompt_lens_B), feats_BxRxF=feats)
+
+  def state_bytes_per_seq(self, max_len: int) -> int:
+    """Bytes ``init`` allocates per sequence: the one-layer cache and the pending target features (fp32)."""
+    return super().state_bytes_per_seq(max_len) + self.pending * self.ecfg.feature_dim * 4
 
   def _root(self, params, state: EagleState, seq_BxS, lengths_B, last_B):
     """Feed the pending tokens c..lengths with their target features; the last of them is the root."""

@@ -101,6 +101,10 @@ class HybridDrafter:
     B = prompt_BxP.shape[0]
     return HybridState(cache, prompt_lens_B.astype(jnp.int32), jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32))
 
+  def state_bytes_per_seq(self, max_len: int) -> int:
+    """The draft model's cache, then synced (int32), used_model (bool), lookup_steps (int32) per sequence."""
+    return self.model.state_bytes_per_seq(max_len) + 4 + 1 + 4
+
   def forwards(self, shape) -> int:
     """Draft forwards of a step that runs the model (an upper bound: a lookup-only step runs none)."""
     return self.model.forwards(shape)
