@@ -274,7 +274,6 @@ def _tiny_pair(tmp_path):
 
 def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
   from experiments import coder_pair as cp
-  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
   target, draft = _tiny_pair(tmp_path)
   res = cp.coder_pair(model=str(target), draft=str(draft), prompts=str(task_file), limit=2, max_new_tokens=10,
                       max_len=256, ks=(2,), sequoia_budgets=(3,), dynamic_budgets=(), acceptance_ranks=2,
