@@ -72,7 +72,7 @@ def max_batch(budget_bytes: float, bill: KVBill) -> int:
   return max(0, int((budget_bytes - bill.weights) // bill.per_seq))
 
 
-def check_budget(budget_bytes: float, bill: KVBill, B: int, what: str = "") -> None:
+def check_budget(budget_bytes: float, bill: KVBill, B: int, what: str = "", batch_flag: str = "--batch-size") -> None:
   """Refuse a configuration whose buffers would not fit, naming the numbers and the ways out."""
   need = bill.total(B)
   if need > budget_bytes:
@@ -80,7 +80,7 @@ def check_budget(budget_bytes: float, bill: KVBill, B: int, what: str = "") -> N
     raise SpecjaxError(
         f"{what + ': ' if what else ''}batch {B} needs {need / 2**30:.2f} GiB (weights "
         f"{bill.weights / 2**30:.2f} GiB + {B} × {bill.per_seq / 2**20:.1f} MiB per sequence) but the memory "
-        f"budget is {budget_bytes / 2**30:.2f} GiB: at most batch {fits} fits — lower --batch-size, "
+        f"budget is {budget_bytes / 2**30:.2f} GiB: at most batch {fits} fits — lower {batch_flag}, "
         "--max-len or the node budget, or raise --memory-budget")
 
 

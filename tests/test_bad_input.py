@@ -119,6 +119,6 @@ def test_sizes_that_cannot_fit_are_refused_with_the_bill(tiny_model, monkeypatch
   assert_one_line(specjax_here("bench", "--model", tiny_model, "--batch-size", huge, "--drafter", "ngram"),
                   f"batch {huge}", after_loading=True)
   assert_one_line(specjax_here("serve-sim", "--model", tiny_model, "--slots", huge, "--requests", "2"),
-                  f"batch {huge}", after_loading=True)
+                  f"batch {huge}", "lower --slots", after_loading=True)
   assert_one_line(specjax_here("generate", "--model", tiny_model, "--prompt", "hi", "--batch-size", huge),
                   f"batch {huge}", after_loading=True)

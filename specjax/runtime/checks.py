@@ -40,11 +40,12 @@ def memory_bill(m: "Model", max_len: int, nodes: int, draft_cfg=None, sampling_:
 
 
 def check_memory(m: "Model", max_len: int, nodes: int, batch_size: int, draft_cfg=None, sampling_: bool = False,
-                 budget: float | None = None, drafter=None) -> None:
-  """Refuse buffers whose ``memory_bill`` would not fit the memory budget, before anything is allocated."""
+                 budget: float | None = None, drafter=None, batch_flag: str = "--batch-size") -> None:
+  """Refuse buffers whose ``memory_bill`` would not fit the memory budget, before anything is allocated
+  (``batch_flag``: the flag the refusal tells the user to lower)."""
   bill = memory_bill(m, max_len, nodes, draft_cfg, sampling_, drafter)
   memory.check_budget(budget if budget is not None else device_memory_bytes(), bill, batch_size,
-                         what=f"KV buffers of {max_len} slots")
+                         what=f"KV buffers of {max_len} slots", batch_flag=batch_flag)
 
 
 def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, extra: int = 0) -> None:

@@ -52,7 +52,8 @@ def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4
   elif policy in ("fixed", "off-above"):
     buckets = (0, k)
   # Slots whose buffers cannot fit are refused with the bill before any calibration, allocation or compile.
-  check_memory(m, max_len, max(buckets), slots, draft.cfg if kind.draft_model and draft is not None else None)
+  check_memory(m, max_len, max(buckets), slots, draft.cfg if kind.draft_model and draft is not None else None,
+               batch_flag="--slots")
   rows_s = draft_s = None
   if policy == "goodput":
     if spec is None:
