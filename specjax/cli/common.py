@@ -155,6 +155,7 @@ def load_model(args):
 
 
 def load_draft(args):
+  """The draft of ``--drafter``/``--draft`` (after ``check_drafter``): a loaded model, a drafter directory or None."""
   from specjax import api
   from specjax.errors import SpecjaxError
   kind = drafters().get(args.drafter)
@@ -165,14 +166,10 @@ def load_draft(args):
       raise SpecjaxError(f"--drafter {args.drafter} needs --draft MODEL (a small model sharing the target's tokenizer); "
                          f"'{args.model}' has no default draft in the registry (`specjax models` lists them)")
     log(f"[specjax] --drafter {args.drafter}: the registry's draft for {args.model} is {args.draft}")
-  if args.draft and kind.draft is None:
-    raise SpecjaxError(f"--draft is only used with {drafters().draft_flag_help()} (got --drafter {args.drafter})")
-  if kind.draft == "head":
+  if kind.draft == "head":                  # the directory itself was checked by check_drafter
     if not args.draft:
       raise SpecjaxError(f"--drafter {args.drafter} needs --draft DIR (a trained drafter; `specjax models` lists them, "
                          "`specjax train configs/eagle_smollm2.gin` makes one)")
-    from specjax.checkpoints import drafter_io
-    drafter_io.read_config(args.draft)      # a bad directory fails before the target loads
     return args.draft
   if not args.draft:
     return None

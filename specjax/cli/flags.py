@@ -31,7 +31,8 @@ def integer(lo: int | None = None, hi: int | None = None):
     except ValueError:
       raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-      raise argparse.ArgumentTypeError(f"must be an integer {_range(lo, hi)}, got {text!r}")
+      bounds = f"from {lo} to {hi}" if lo is not None and hi is not None else _range(lo, hi)
+      raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {text!r}")
     return v
 
   parse.__name__, parse.bounds = "integer", (lo, hi)
@@ -57,8 +58,7 @@ def number(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
 
 def _range(lo, hi, lo_open: bool = False) -> str:
   if lo is not None and hi is not None:
-    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]" if lo_open or isinstance(lo, float) else \
-        f"from {lo} to {hi}"
+    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
   if lo is not None:
     return f"{'>' if lo_open else '>='} {lo:g}"
   return f"<= {hi:g}"
