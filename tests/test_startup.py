@@ -119,6 +119,21 @@ def test_interrupted_conversion_leaves_no_entry(tmp_path, gguf_file, monkeypatch
   assert left == []
 
 
+def test_a_second_conversion_keeps_the_entry_another_process_is_reading(tmp_path, gguf_file, monkeypatch):
+  """Two processes of one run convert the same model at once: the one that finishes second must not delete
+  the entry the first has already memory-mapped (it did: the first then failed on a missing
+  params.safetensors, tests/test_multihost.py)."""
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+  first = load_model(gguf_file)
+  entry = _entry(tmp_path / "cache")
+  inode = (entry / converted.PARAMS_FILE).stat().st_ino
+  src = gguf_loader.open_gguf(gguf_file)
+  converted.save_entry_streaming(entry, src, np.float32, {"path": str(gguf_file)})   # the late finisher
+  assert (entry / converted.PARAMS_FILE).stat().st_ino == inode        # theirs is kept, not replaced
+  assert [p.name for p in entry.parent.iterdir() if p.name.startswith(".")] == []   # its own copy is gone
+  _same_params(first.params, load_model(gguf_file).params)
+
+
 def test_new_prompt_length_compiles_only_a_prefill(tmp_path, gguf_file, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
   compile_cache.enable(False)             # count real compiles, not reads from the persistent cache
@@ -167,7 +182,8 @@ def test_second_process_compiles_nothing(tmp_path, gguf_file):
     assert s2[key] >= 0
   assert "converting" in first.stderr and "converting" not in second.stderr
   if jax.default_backend() == "cpu" and os.environ.get("SPECJAX_NATIVE", "1") != "0":
-    assert list((cache / "kernels").glob("libspecjax_cpu_*.so")), "the native kernels were not built"
+    kernels = Path(os.environ.get("SPECJAX_KERNEL_DIR") or cache / "kernels")   # tests share one build
+    assert list(kernels.glob("libspecjax_cpu_*.so")), "the native kernels were not built"
   # Turned off: compiles again, writes nothing new.
   off = _cli(*args, "--no-compile-cache", cache=cache)
   assert off.returncode == 0, off.stderr

@@ -239,7 +239,7 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
 def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
   """Write an entry whole, straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor
   (``write_safetensors_streaming``: peak memory is one tensor block, not the model): params.safetensors into a
-  temporary directory, the manifest after it, then one rename (an existing entry is replaced)."""
+  temporary directory, the manifest after it, then one rename (a whole entry that another process wrote meanwhile is kept)."""
   entry.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
   try:
@@ -249,8 +249,14 @@ def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
                            "crc32_block": CRC_BLOCK, "crc32_blocks": block_crcs(tmp / PARAMS_FILE)}}
     (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": src.cfg.to_dict(),
                                               "tokenizer": src.tokenizer.to_json()}))
+    if (entry / MODEL_FILE).is_file():
+      # Another process converting the same model finished first and may be reading its entry now (two
+      # processes of one multi-process run start together): keep theirs, never delete it under them.  A
+      # broken entry is removed by the caller before it converts again, so a whole one here is theirs.
+      shutil.rmtree(tmp, ignore_errors=True)
+      return
     if entry.exists():
-      shutil.rmtree(entry, ignore_errors=True)
+      shutil.rmtree(entry, ignore_errors=True)   # a partial entry without its manifest
     try:
       os.replace(tmp, entry)
     except OSError:
