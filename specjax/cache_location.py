@@ -14,3 +14,9 @@ from specjax import settings
 def cache_dir() -> Path:
   """``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else ``~/.cache/specjax``."""
   return settings.cache_root()
+
+
+def kernel_dir() -> Path:
+  """Where the native kernel library lives: ``$SPECJAX_KERNEL_DIR`` (one build shared by several caches),
+  else ``kernels/`` in the cache."""
+  return settings.kernel_dir() or cache_dir() / "kernels"

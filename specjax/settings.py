@@ -4,6 +4,8 @@ Each is read when asked for, not at import, so a test (or a caller) that changes
 
   SPECJAX_CACHE          where downloads, converted weights, kernels and executables live
                          (else $XDG_CACHE_HOME/specjax, else ~/.cache/specjax)
+  SPECJAX_KERNEL_DIR     where the native kernel library is built and found (else $SPECJAX_CACHE/kernels): one
+                         build shared by several caches
   SPECJAX_NATIVE         1: the native CPU kernels everywhere they apply; 0: never (XLA only, and they are not
                          built); unset or auto: the choice measured on this machine (kernels/choices.py)
   SPECJAX_THREADS        a fixed thread count for the native kernels (else measured)
@@ -33,6 +35,11 @@ def cache_root() -> Path:
     return Path(os.environ["SPECJAX_CACHE"]).expanduser()
   xdg = os.environ.get("XDG_CACHE_HOME")
   return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specjax"
+
+
+def kernel_dir() -> Path | None:
+  raw = os.environ.get("SPECJAX_KERNEL_DIR", "").strip()
+  return Path(raw).expanduser() if raw else None
 
 
 def native_wanted() -> bool:

@@ -7,6 +7,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # executables, and the same counts of compiled executables, on every machine.
 os.environ.setdefault("SPECJAX_NATIVE", "1")
 
+# One build of the native kernels for the whole run: tests that start a process on a fresh SPECJAX_CACHE (an
+# empty cache is their subject) would otherwise each compile the kernels again, ~13 s of a core apiece.
+if "SPECJAX_KERNEL_DIR" not in os.environ:
+  from specjax import settings as _settings
+  os.environ["SPECJAX_KERNEL_DIR"] = str(_settings.cache_root() / "kernels")
+
 # Tests compile a few hundred small programs from an empty cache in CI: LLVM's backend optimisations cost
 # about a third of each compile and buy nothing at these sizes (the heavy matmuls and attention are the native
 # kernels or Eigen, built optimised either way).  Subprocesses inherit it (tests append their own flags).

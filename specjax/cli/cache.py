@@ -33,12 +33,14 @@ def cmd_models(args) -> int:
 
 def cmd_cache(args) -> int:
   import shutil
-  from specjax.checkpoints import cache_dir
+  from specjax.cache_location import cache_dir, kernel_dir
   root = cache_dir()
   parts = ("models", "converted", "kernels", "xla")
+  where = {part: root / part for part in parts} | {"kernels": kernel_dir()}   # kernels may live elsewhere
   if args.clear:
     for part in parts if args.clear == "all" else (args.clear,):
-      shutil.rmtree(root / part, ignore_errors=True)
+      for path in {root / part, where[part]}:   # the measured kernel choices stay in the cache's kernels/
+        shutil.rmtree(path, ignore_errors=True)
     common.log(f"[specjax] cleared {args.clear} in {root}")
 
   def size(path):
@@ -48,7 +50,7 @@ def cmd_cache(args) -> int:
     return len([p for p in path.iterdir() if not p.name.startswith(".") and p.name != "sources"]) \
         if path.is_dir() else 0
 
-  rows = [{"part": part, "path": str(root / part), "bytes": size(root / part), "entries": entries(root / part)}
+  rows = [{"part": part, "path": str(where[part]), "bytes": size(where[part]), "entries": entries(where[part])}
           for part in parts]
 
   def human(rs):
