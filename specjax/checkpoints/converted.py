@@ -239,7 +239,8 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
 def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
   """Write an entry whole, straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor
   (``write_safetensors_streaming``: peak memory is one tensor block, not the model): params.safetensors into a
-  temporary directory, the manifest after it, then one rename (a whole entry that another process wrote meanwhile is kept)."""
+  temporary directory, the manifest after it, then one rename (a whole entry that another process wrote
+  meanwhile is kept)."""
   entry.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
   try:

@@ -1,7 +1,8 @@
 """Building and loading specjax's native CPU kernels (``*.cc`` in this folder) as XLA FFI targets.
 
 All sources are compiled together, on first use, with the system C++ compiler (``$CXX`` or ``c++``) into one
-shared library in the specjax cache (or ``$SPECJAX_KERNEL_DIR``), keyed by a hash of the sources, the compiler flags and the jax version.
+shared library in the specjax cache (or ``$SPECJAX_KERNEL_DIR``), keyed by a hash of the sources, the compiler
+flags and the jax version.
 If no compiler is found or the build fails, a one-line warning goes to stderr and every kernel falls back
 to its XLA reference.  ``SPECJAX_NATIVE=0`` disables them; they are used only on the CPU backend.
 
