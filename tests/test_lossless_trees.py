@@ -1,8 +1,11 @@
 """Sampled trees through the engine are lossless: the joint distribution of the first three tokens equals plain
 sampling's (enumerated exactly on a micro model), also when top-k or a top-p nucleus is narrower than the tree,
 where the drafter cannot draw as many distinct children as the tree has slots (those slots are filler and
-must not be offered).  Each test has power: it fails on the old rule that offered the filler and on a rule
-without the residual update.
+must not be offered).  Static trees with a model drafter and with EAGLE, dynamic trees with both.  Each test
+has power: it fails on a rule without the residual update, and a static tree's test also fails on the old rule
+that offered the filler.  (A dynamic tree has no filler: its children are chosen, the top ones by cumulative
+draft log-probability, not drawn; each is a point mass accepted with the residual's probability of its token,
+which is right whatever q gives that token.)
 
 The pair is chosen so that the rules differ a lot: a confident draft whose filtered q holds tokens outside the
 target's filtered p (every drafted child is rejected), and a target whose p gives mass to the lowest ids, which
@@ -12,7 +15,8 @@ import pytest
 
 from specjax import sampling
 from specjax.speculative import Engine, ModelDrafter, SpeculativeSampling, drafters, generate, tree as tree_lib
-from specjax.speculative import tree_shapes
+from specjax.speculative import eagle, tree_shapes
+from specjax.speculative.drafters import DynamicShape
 from specjax import kv_cache
 from test_speculative import MICRO, MICRO_PROMPT, N_SAMPLES, _chi2_pvalue, _exact_joint, _micro_params
 
@@ -44,26 +48,72 @@ def pair():
   return target, {**d, "embed": d["embed"] * 6}
 
 
+ECFG = eagle.EagleConfig(MICRO)      # a one-layer feature drafter over the micro target, its whole vocabulary
+
+
+@pytest.fixture(scope="module")
+def eagle_pair(pair):
+  """The same target and an untrained EAGLE drafter (seed 0) whose head, the target's, is sharpened 6x: as
+  confident as the model draft above, so that under the top-p 0.35 nucleus its q and p differ a lot."""
+  target, _ = pair
+  dp = {**eagle.init_trainable(ECFG, jax.random.PRNGKey(0)), **eagle.frozen_from_target(ECFG, target)}
+  return target, {**dp, "lm_head": dp["lm_head"] * 6}
+
+
+def _model_drafter(name="model"):
+  return ModelDrafter(MICRO, name=name)
+
+
+def _eagle_drafter(name="eagle", depth=2):
+  return eagle.EagleDrafter(ECFG.layer_cfg, ecfg=ECFG, max_depth=depth, name=name)
+
+
+def _check(target, draft, sp, shape, make_drafter, monkeypatch):
+  """p-values of the rule, of the rule without the residual update and (static trees) of the old filler rule."""
+  joint = _exact_joint(target, sp)
+  p_right = _chi2_pvalue(_tree_samples(target, draft, sp, shape, drafter=make_drafter()), joint)
+  p_no_residual = _chi2_pvalue(_tree_samples(target, draft, sp, shape, drafter=make_drafter(),
+                                             acceptance=SpeculativeSampling(residual_update=False)), joint)
+  static = not isinstance(shape, DynamicShape)
+  p_old = None
+  if static:
+    real = drafters.sample_children         # the old rule: every child slot offered, drawn or not
+
+    def offer_filler(*a, **k):
+      tokens, q, drawn = real(*a, **k)
+      return tokens, q, jnp.ones_like(drawn)
+    monkeypatch.setattr(drafters, "sample_children", offer_filler)
+    # a drafter of another name: a new engine, traced again with the old rule (not the cached executable)
+    p_old = _chi2_pvalue(_tree_samples(target, draft, sp, shape, drafter=make_drafter("offers-filler")), joint)
+    monkeypatch.undo()
+  print(f"{sp}: p = {p_right:.3g} (the rule), {p_old} (filler offered), {p_no_residual:.3g} (no residual)")
+  assert p_right > 1e-3, p_right
+  assert p_no_residual < 1e-6, p_no_residual
+  if static:
+    assert p_old < 1e-6, p_old
+
+
 @pytest.mark.parametrize("sp", SETTINGS, ids=["topk2", "topp0.35"])
 def test_a_model_drafter_tree_wider_than_the_filter_is_lossless(sp, pair, monkeypatch):
-  target, draft = pair
-  shape = tree_shapes.branching([3, 2])          # 3 children at the root: wider than top-k 2 / the nucleus
-  joint = _exact_joint(target, sp)
-  p_right = _chi2_pvalue(_tree_samples(target, draft, sp, shape), joint)
-  p_no_residual = _chi2_pvalue(_tree_samples(target, draft, sp, shape,
-                                             acceptance=SpeculativeSampling(residual_update=False)), joint)
-  real = drafters.sample_children         # the old rule: every child slot offered, drawn or not
+  # 3 children at the root: wider than top-k 2 / the nucleus
+  _check(*pair, sp, tree_shapes.branching([3, 2]), _model_drafter, monkeypatch)
 
-  def offer_filler(*a, **k):
-    tokens, q, drawn = real(*a, **k)
-    return tokens, q, jnp.ones_like(drawn)
-  monkeypatch.setattr(drafters, "sample_children", offer_filler)
-  p_old = _chi2_pvalue(_tree_samples(target, draft, sp, shape, drafter=ModelDrafter(MICRO, name="offers-filler")),
-                       joint)
-  print(f"{sp}: p = {p_right:.3g} (the rule), {p_old:.3g} (filler offered), {p_no_residual:.3g} (no residual)")
-  assert p_right > 1e-3
-  assert p_old < 1e-6, p_old
-  assert p_no_residual < 1e-6, p_no_residual
+
+def test_an_eagle_tree_wider_than_the_nucleus_is_lossless(eagle_pair, monkeypatch):
+  _check(*eagle_pair, SETTINGS[1], tree_shapes.branching([3, 2]), _eagle_drafter, monkeypatch)
+
+
+# 3 candidates per node, more than top-k 2 or the nucleus keeps, and 8 of the 12 kept: at most 2 + 2 x 2 = 6
+# candidates have draft mass under top-k 2, so the tree also holds children that q gives no mass.
+DYNAMIC = DynamicShape(8, top_k=3, max_depth=2)
+
+
+def test_a_dynamic_model_drafter_tree_is_lossless(pair, monkeypatch):
+  _check(*pair, SETTINGS[0], DYNAMIC, _model_drafter, monkeypatch)
+
+
+def test_a_dynamic_eagle_tree_is_lossless(eagle_pair, monkeypatch):
+  _check(*eagle_pair, SETTINGS[1], DYNAMIC, _eagle_drafter, monkeypatch)
 
 
 def test_filler_children_are_marked_undrawn():
