@@ -1,6 +1,7 @@
 """Scheduling policies on synthetic inputs, the acceptance tracker, and the continuous-batching engine: requests
 arriving while others decode get exactly what plain greedy decoding gives each prompt alone, under every
 policy; nothing recompiles once warm; refusals, cancellation and a full queue."""
+import jax
 import numpy as np
 import pytest
 
@@ -96,11 +97,28 @@ def plain(tiny):
   return [api.generate(tiny, [p], max_new_tokens=12)[0][0].token_ids for p in PROMPTS]
 
 
+def _eagle_dir(m, d):
+  """An (untrained) EAGLE drafter exported for the tiny model: the same files `specjax train` writes."""
+  from specjax.checkpoints import drafter_io
+  from specjax.speculative import eagle
+  ecfg = eagle.EagleConfig(m.cfg, (), 0)
+  tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(1))
+  return str(drafter_io.save_drafter(d / "eagle", ecfg, tr, target_name=m.source, tokenizer=m.tokenizer))
+
+
 @pytest.mark.parametrize("drafter,policy", [("ngram", "adaptive"), ("ngram", "goodput"),
-                                            ("layerskip", "goodput"), ("none", "fixed")])
-def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, drafter, policy):
+                                            ("layerskip", "goodput"), ("none", "fixed"), ("model", "adaptive"),
+                                            ("eagle", "fixed")])
+def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, drafter, policy, tmp_path):
+  """Continuous batching with every kind of drafter: stateless (n-gram), the target's own layers, a separate
+  draft model with its own KV cache (the target itself here: every draft accepted) and EAGLE (a cache and
+  the target's features per slot), each admitted into a slot while other slots decode."""
   step_s, draft_s = _toy_costs(ridge_rows=6)
   kw = {"draft_layers": "1"} if drafter == "layerskip" else {}
+  if drafter == "model":
+    kw = {"draft": tiny}
+  elif drafter == "eagle":
+    kw = {"draft": _eagle_dir(tiny, tmp_path)}
   if policy == "goodput":
     eng = bt.ContinuousBatcher(tiny, slots=3, max_len=128, drafter=drafter, buckets=BUCKETS,
                                policy=pol.GoodputOptimal(BUCKETS, step_s, draft_s), **kw)
