@@ -176,3 +176,22 @@ def test_full_queue_gets_429(tiny):
     assert httpx.post(f"{s.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60).status_code == 200
   finally:
     s.close()
+
+
+def test_loadgen_drives_the_live_server(srv):
+  """`specjax loadgen`'s client against the running server: every streamed request served, tokens counted
+  from each stream's usage, latency percentiles ordered, and the k the policy chose polled from /metrics."""
+  from specjax.serving import loadgen, trace as trace_lib
+  tr = trace_lib.poisson([f"tell me about {w}" for w in ("cats", "rivers", "stars")], 20.0, 10, 0, 8)
+  rep = loadgen.run(srv.url, tr)
+  assert rep["requests"] == rep["served"] == 10 and rep["failed"] == 0, rep["errors"]
+  assert 10 <= rep["tokens"] <= 80 and rep["tokens_per_s"] > 0
+  for q in (rep["ttft_s"], rep["itl_s"]):
+    assert 0 < q["p50"] <= q["p90"] <= q["p99"]
+  assert rep["k_over_time"] and all(live >= 0 for _, _, live in rep["k_over_time"])
+
+
+def test_loadgen_counts_a_server_that_is_not_there_as_failed():
+  from specjax.serving import loadgen
+  rep = loadgen.run(f"http://127.0.0.1:{_free_port()}", [{"arrival": 0.0, "prompt": "hi", "max_tokens": 4}])
+  assert rep["served"] == 0 and rep["failed"] == 1 and "Connect" in rep["errors"][0]
