@@ -28,7 +28,22 @@ def _live_mask(M: int, live, group: int) -> jax.Array:
 
 
 def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
-  y = jnp.einsum("md,nd->mn", x_MxD, w_NxD, preferred_element_type=jnp.float32).astype(x_MxD.dtype)
+  """x · wᵀ by XLA, accumulated in fp32, in x's dtype.
+
+  One row below fp32 is computed as two (the second a zero row, dropped): XLA:CPU runs a one-row product as
+  a matrix-vector kernel whose reduction order differs from the same row's among several rows (a GEMM),
+  and after rounding to bf16 the difference flips greedy argmaxes: plain decoding at batch 1 (one row) and
+  its speculative verification (k + 1 rows) then disagree (docs/BENCHMARKS.md, "Greedy exactness on every
+  path").  With two rows every row count takes the GEMM, so a row's result does not depend on how many
+  others come with it; and XLA:CPU's bf16 matrix-vector kernel is several times slower than the GEMM
+  anyway.  fp32 keeps the one-row kernel: there it is the faster one, and its differences (~1e-7 relative)
+  have flipped no token in the measured runs."""
+  M = x_MxD.shape[0]
+  if M == 1 and x_MxD.dtype != jnp.float32:
+    y = jnp.einsum("md,nd->mn", jnp.pad(x_MxD, ((0, 1), (0, 0))), w_NxD,
+                   preferred_element_type=jnp.float32)[:1].astype(x_MxD.dtype)
+  else:
+    y = jnp.einsum("md,nd->mn", x_MxD, w_NxD, preferred_element_type=jnp.float32).astype(x_MxD.dtype)
   if live is None:
     return y
   return jnp.where(_live_mask(x_MxD.shape[0], live, group), y, 0)
