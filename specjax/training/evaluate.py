@@ -21,13 +21,14 @@ from specjax.speculative import eagle
 from specjax.training import eagle_train
 
 
-@partial(jax.jit, static_argnames=("ecfg", "positions"))
-def _batch_sums(params, target_head, ecfg, batch, positions: int):
-  """Per step s: (sum of 1 − TVD, sum of first-choice agreement) over loss positions, and their count."""
+@partial(jax.jit, static_argnames=("ecfg", "positions", "temperature"))
+def _batch_sums(params, target_head, ecfg, batch, positions: int, temperature: float = 1.0):
+  """Per step s: (sum of 1 − TVD, sum of first-choice agreement) over loss positions, and their count; p and
+  q at ``temperature`` (the engine samples both at the same one)."""
   logits_S, _ = eagle_train.train_forward(params, ecfg, batch, positions)
-  q = jax.nn.softmax(eagle.to_target_vocab(params, ecfg, logits_S), axis=-1)             # [S, B, T, V]
+  q = jax.nn.softmax(eagle.to_target_vocab(params, ecfg, logits_S) / temperature, axis=-1)  # [S, B, T, V]
   p_logits = jnp.einsum("btd,vd->btv", batch["final"].astype(jnp.float32), target_head)
-  p = jax.nn.softmax(p_logits, axis=-1)
+  p = jax.nn.softmax(p_logits / temperature, axis=-1)
   m = batch["loss_mask"]
   acc = 1.0 - 0.5 * jnp.sum(jnp.abs(p[None] - q), axis=-1)                                 # [S, B, T]
   top1 = jnp.argmax(q, -1) == jnp.argmax(p_logits, -1)[None]
@@ -39,12 +40,12 @@ def _head(m):
   return m.params["embed"] if m.cfg.tie_embeddings else m.params["lm_head"]
 
 
-def _accumulate(params, head, ecfg, batches, positions):
+def _accumulate(params, head, ecfg, batches, positions, temperature: float = 1.0):
   acc = np.zeros(positions)
   top1 = np.zeros(positions)
   n = 0
   for batch in batches:
-    a, t, c = jax.device_get(_batch_sums(params, head, ecfg, batch, positions))
+    a, t, c = jax.device_get(_batch_sums(params, head, ecfg, batch, positions, float(temperature)))
     acc += a
     top1 += t
     n += int(c)
@@ -65,12 +66,14 @@ def tvd_by_position(m, ecfg, params, store: eagle_train.FeatureData, indices, *,
   return _accumulate(params, _head(m), ecfg, batches, positions)
 
 
-def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 5, at=None) -> dict:
+def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 5, at=None,
+                 temperature: float = 1.0) -> dict:
   """The same measure on any sequences (prompt + response ids): the target's features are computed here.
   ``at``: per sequence, the positions to score (default every response position), e.g. the iteration starts
-  of the run that produced them."""
+  of the run that produced them; ``temperature``: the one that run sampled at (no top-k / top-p)."""
   cfg = m.cfg
   taps = ecfg.feature_layers
+  temperature = temperature if temperature > 0 else 1.0    # greedy: greedy_match_by_position is the measure
 
   @jax.jit
   def target_pass(tparams, toks_1xT):
@@ -95,7 +98,7 @@ def sequence_tvd(m, ecfg, params, token_lists, prompt_lens, *, positions: int = 
       yield {"tokens": arr, "pos": np.arange(T, dtype=np.int32)[None], "seg": (np.arange(T) < n)[None].astype(
           np.int32), "loss_mask": mask, "feats": feats, "final": final}
 
-  return _accumulate(params, _head(m), ecfg, batches(), positions)
+  return _accumulate(params, _head(m), ecfg, batches(), positions, temperature)
 
 
 def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_tokens: int = 128,
@@ -118,10 +121,11 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
   log(f"[eval-draft] 1 - TVD on the {len(gens)} sampled sequences")
   seqs = [api.encode_prompts(m, [p])[0] + g.token_ids for p, g in zip(prompts, gens)]
   plens = [g.prompt_tokens for g in gens]
-  tvd = sequence_tvd(m, ecfg, params, seqs, plens, positions=n_pos)
+  tvd = sequence_tvd(m, ecfg, params, seqs, plens, positions=n_pos, temperature=temperature)
   # at exactly the contexts where the engine judged its first draft: equal to the measured first-position
   # acceptance in expectation
-  tvd_starts = sequence_tvd(m, ecfg, params, seqs, plens, positions=1, at=[g.iteration_starts for g in gens])
+  tvd_starts = sequence_tvd(m, ecfg, params, seqs, plens, positions=1, at=[g.iteration_starts for g in gens],
+                            temperature=temperature)
   out = {"draft": str(draft_path), "drafter_config": {k_: v for k_, v in config.items() if k_ != "training"},
           "model": m.source, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "k": k, "tree": tree,
           "temperature": temperature,
