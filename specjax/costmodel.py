@@ -274,14 +274,18 @@ def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, 
 
 
 def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], contexts_B: Sequence[int],
-                     dtype: str = "float32") -> float:
+                     dtype: str = "float32", skips_dead_rows: bool = True) -> float:
   """Predicted seconds for one forward in which sequence b computes rows_B[b] new rows at context
   contexts_B[b] (0 rows: a finished sequence or an idle slot, which the native kernels skip and which reads
-  no KV).  Equals ``step_time`` when every sequence has the same rows and context."""
+  no KV).  Equals ``step_time`` when every sequence has the same rows and context.  ``skips_dead_rows``
+  False (every path but the native CPU one: ``dispatch.skips_dead_rows``): the forward computes the
+  compiled shape, max(rows_B) rows for every sequence, and those are priced."""
   b = DTYPE_BYTES[dtype]
   L, D, V, H, K, E = (cfg.num_layers, cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
                       cfg.head_dim)
   rows = [int(r) for r in rows_B]
+  if not skips_dead_rows:
+    rows = [max(rows, default=0)] * len(rows)
   ctx = [int(c) for c in contexts_B]
   R = sum(rows)
   if R == 0:

@@ -208,3 +208,35 @@ def test_serve_sim_command_replays_a_trace(tmp_path):
   q = rep["ttft_s"]
   assert 0 < q["p50"] <= q["p90"] <= q["p99"]
   assert (tmp_path / "k.png").stat().st_size > 1000
+
+
+def test_goodput_prices_every_row_on_a_path_that_computes_them():
+  """On the native CPU path only live rows are computed; elsewhere (XLA, Pallas, bf16, a mesh) a step of
+  bucket k computes slots × (k + 1) rows whoever is live.  One live sequence among 16 slots at α = 0.6:
+  where only live rows cost, k = 4 (5 rows) is below the ridge and pays; where all 80 rows are computed it
+  is past the ridge, and the policy does not speculate."""
+  from specjax.kernels import dispatch
+  step_s, draft_s = _toy_costs(ridge_rows=8)
+  obs = _obs([[0.6] * 4] * 16, live=[True] + [False] * 15)
+  native = pol.GoodputOptimal(BUCKETS, step_s, draft_s)
+  every_row = pol.GoodputOptimal(BUCKETS, step_s, draft_s, computed_slots=16)
+  assert native.choose(obs).k == 4
+  d = every_row.choose(obs)
+  assert d.k == 0 and not d.k_B.any()
+  assert every_row.rate(obs, np.full(16, 4, np.int32), 4) < every_row.rate(obs, np.zeros(16, np.int32), 0)
+  # the rule for which paths skip: only the native matmul in fp32 on one device
+  native_backends = dispatch.Backends(attention="native", native_matmul=frozenset({"ffn"}))
+  assert dispatch.skips_dead_rows(native_backends, "float32")
+  assert not dispatch.skips_dead_rows(native_backends, "bfloat16")
+  assert not dispatch.skips_dead_rows(dispatch.Backends(attention="xla"), "float32")
+  assert not dispatch.skips_dead_rows(dispatch.Backends(attention="pallas"), "float32")
+
+
+def test_the_cost_model_prices_computed_rows_on_paths_that_do_not_skip_them():
+  from specjax import config, costmodel
+  spec, cfg = costmodel.DEVICES["h200"], config.PRESETS["smollm2-135m"]
+  rows, ctx = [5, 0, 0, 0, 1, 1, 1, 1], [300] * 8
+  skipping = costmodel.ragged_step_time(spec, cfg, rows, ctx, "bfloat16")
+  computing = costmodel.ragged_step_time(spec, cfg, rows, ctx, "bfloat16", skips_dead_rows=False)
+  assert computing == pytest.approx(costmodel.ragged_step_time(spec, cfg, [5] * 8, ctx, "bfloat16"))
+  assert computing > skipping

@@ -105,6 +105,15 @@ def attention(backends: Backends, T: int, q_dtype, cache_dtype) -> str:
   return "xla"
 
 
+def skips_dead_rows(backends: Backends, dtype) -> bool:
+  """Whether a forward on this path leaves the rows that do not matter uncomputed (a finished sequence, an
+  idle serving slot, the draft slots a sequence did not fill): only the native CPU matmul skips them, given
+  the live-row counts.  Everywhere else (XLA, Pallas, bf16, a mesh) every row of the compiled shape is
+  computed and then zeroed, so a scheduler must price every row."""
+  return (not backends.distributed and bool(backends.native_matmul)
+          and jnp.dtype(dtype) == jnp.float32)
+
+
 def native_matmul_applies(backends: Backends, x_dtype, w_dtype, N: int, D: int) -> bool:
   """Whether x · wᵀ with a weight [N, D] may take the native CPU kernel (row count aside)."""
   return (x_dtype == jnp.float32 and w_dtype == jnp.float32

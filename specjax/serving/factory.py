@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax.numpy as jnp
+
 from specjax import costmodel
+from specjax.kernels import dispatch
 from specjax.speculative import registry as drafter_registry
 from specjax.serving import policies as pol
 from specjax.runtime.checks import check_memory
@@ -21,8 +24,14 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   if mesh.model > 1 and not spec.interconnect_bandwidth:
     mesh = costmodel.MeshShape(mesh.data, 1)      # a calibrated CPU spec has no interconnect: price the split alone
 
+  # The weights' dtype sets the bytes each step streams; a spec without a peak for it (a CPU calibration
+  # measures fp32 only) is priced in fp32.
+  dtype = jnp.dtype(m.dtype).name
+  if dtype not in costmodel.DTYPE_BYTES or not spec.peak_flops.get(dtype):
+    dtype = "float32"
+
   def rows_s(total_rows, contexts):
-    return costmodel.rows_step_time(spec, cfg, total_rows, contexts, mesh=mesh)
+    return costmodel.rows_step_time(spec, cfg, total_rows, contexts, dtype=dtype, mesh=mesh)
 
   kind = drafter_registry.get(drafter)
   layers = None
@@ -35,7 +44,7 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   def draft_s(k, batch):
     if dcfg is None or k <= 0:
       return 0.0
-    return k * costmodel.step_time(spec, dcfg, slots, 1, 256, mesh=mesh)
+    return k * costmodel.step_time(spec, dcfg, slots, 1, 256, dtype=dtype, mesh=mesh)
 
   return rows_s, draft_s
 
@@ -60,9 +69,11 @@ def make_batcher(m, *, drafter: str = "ngram", policy: str = "fixed", k: int = 4
       from specjax.measure import calibrate
       spec = calibrate.load_or_calibrate()
     rows_s, draft_s = cost_functions(spec, m, drafter, slots, draft, draft_layers)
+  # Price the rows this path computes: only the live ones on the native CPU path, every slot's elsewhere.
+  computed_slots = None if dispatch.skips_dead_rows(m.cfg.backends, m.dtype) else slots
   p = pol.make_policy(policy if kind.speculates else "fixed", k=k if kind.speculates else 0,
                       buckets=buckets, max_batch=max_batch, min_reach=min_reach, rows_s=rows_s, draft_s=draft_s,
-                      per_sequence=per_sequence)
+                      per_sequence=per_sequence, computed_slots=computed_slots)
   extra = {"draft_layers": draft_layers} if kind.layers else {}
   return ContinuousBatcher(m, slots=slots, max_len=max_len, drafter=drafter, draft=draft, buckets=buckets,
                            policy=p, **extra, **kwargs)

@@ -83,13 +83,26 @@ class GoodputOptimal:
 
   ``rows_s(total_rows [n], contexts of the live sequences)``: predicted seconds of a verify forward that
   computes each total number of rows (vectorised; the cost model's ``rows_step_time``); ``draft_s(k, batch)``:
-  the drafter's seconds for a step of bucket k.  Runs every iteration, so it is numpy, not Python loops."""
+  the drafter's seconds for a step of bucket k.  Runs every iteration, so it is numpy, not Python loops.
 
-  def __init__(self, buckets: Sequence[int], rows_s: Callable, draft_s: Callable, per_sequence: bool = True):
+  ``computed_slots``: None where the forward computes only the live rows (the native CPU path); else the slot
+  count, on a path that computes every row of the compiled step (XLA, Pallas, bf16, a mesh:
+  ``dispatch.skips_dead_rows``): a step of bucket k then costs computed_slots × (k + 1) rows whoever is
+  live and whatever each drafted, so within a bucket every live sequence drafts all k."""
+
+  def __init__(self, buckets: Sequence[int], rows_s: Callable, draft_s: Callable, per_sequence: bool = True,
+               computed_slots: int | None = None):
     self.buckets = sorted(int(b) for b in buckets)
     self.rows_s, self.draft_s = rows_s, draft_s
     self.per_sequence, self.name = per_sequence, "goodput"
+    self.computed_slots = computed_slots
     self.last_prediction: dict = {}
+
+  def _rows(self, live_rows, k: int):
+    """The rows a step is priced at: the live ones, or every slot's k + 1 on a path that computes them all."""
+    if self.computed_slots is None:
+      return np.asarray(live_rows)
+    return np.full(np.shape(live_rows), self.computed_slots * (1 + k))
 
   def rate(self, obs: Observation, k_B: np.ndarray, k: int) -> float:
     """Predicted committed tokens per second of one choice."""
@@ -97,7 +110,7 @@ class GoodputOptimal:
     reach = np.cumprod(np.clip(obs.alpha_BxP[live], 0, 1), axis=1)               # [n, P]
     kb = np.minimum(k_B[live], reach.shape[1])
     tokens = len(live) + sum(float(reach[i, :kb[i]].sum()) for i in range(len(live)))
-    t = self.rows_s(np.asarray([len(live) + int(k_B[live].sum())]), obs.context_B[live])[0]
+    t = self.rows_s(self._rows([len(live) + int(k_B[live].sum())], k), obs.context_B[live])[0]
     return tokens / (t + (self.draft_s(k, obs.batch) if k else 0.0))
 
   def choose(self, obs: Observation) -> Decision:
@@ -108,12 +121,12 @@ class GoodputOptimal:
       return Decision(0, none)
     ctx = obs.context_B[live]
     reach = np.cumprod(np.clip(obs.alpha_BxP[live], 0, 1), axis=1)                 # [n, P]: P(position j accepted)
-    best = (n / self.rows_s(np.asarray([n]), ctx)[0], 0, none)
+    best = (n / self.rows_s(self._rows([n], 0), ctx)[0], 0, none)
     for k in (b for b in self.buckets if b > 0):
       kk = min(k, reach.shape[1])
       draft = self.draft_s(k, n)
-      if not self.per_sequence:
-        t = self.rows_s(np.asarray([n * (1 + k)]), ctx)[0]
+      if not self.per_sequence or self.computed_slots is not None:   # all k rows are paid for anyway
+        t = self.rows_s(self._rows([n * (1 + k)], k), ctx)[0]
         cand = ((n + reach[:, :kk].sum()) / (t + draft), k, np.where(obs.live_B, k, 0).astype(np.int32))
       else:
         # Add draft positions in order of their marginal expected tokens (each sequence's gains shrink with
@@ -139,7 +152,7 @@ POLICIES = ("fixed", "off-above", "adaptive", "goodput")
 
 def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 8), max_batch: int = 4,
                 min_reach: float = 0.3, rows_s: Callable | None = None, draft_s: Callable | None = None,
-                per_sequence: bool = True):
+                per_sequence: bool = True, computed_slots: int | None = None):
   """A policy by name (``--policy``); ``fixed`` and ``off-above`` use ``k``, the others choose from
   ``buckets``; ``goodput`` needs the cost functions."""
   if name == "fixed":
@@ -151,7 +164,7 @@ def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 
   if name == "goodput":
     if rows_s is None or draft_s is None:
       raise SpecjaxError("the goodput policy needs the cost model's step and draft times")
-    return GoodputOptimal(buckets, rows_s, draft_s, per_sequence)
+    return GoodputOptimal(buckets, rows_s, draft_s, per_sequence, computed_slots)
   raise SpecjaxError(f"unknown policy '{name}': choose one of {', '.join(POLICIES)}")
 
 
