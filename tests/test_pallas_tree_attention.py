@@ -115,7 +115,20 @@ def test_lowers_for_accelerators(platform, variant, target):
           jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((B,), jnp.int32),
           jax.ShapeDtypeStruct((B, T, U), jnp.bool_))
   fn = jax.jit(lambda *a: tree_attention(*a, block_kv=16, interpret=False, variant=variant))
-  assert target in fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  text = fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  calls = [line for line in text.splitlines() if target in line]
+  assert len(calls) == 1, calls                      # the whole attention is one kernel
+  call = calls[0]
+  # Its operands as the docstring of tree_attention says: layer, lengths, the packed query tile [B, K, R', E]
+  # (T*G = 10 rows padded to 16), the mask [B, R', U'] (tree tile: 16 slots on Triton, 8 on Mosaic), the KV
+  # buffers read in place (not copied or padded), and one output tile per (b, kv head).
+  mask_tile = "tensor<2x16x16xi32>" if variant == "triton" else "tensor<2x16x8xi32>"
+  operands = ("tensor<1xi32>, tensor<2xi32>, tensor<2x2x16x64xbf16>, " + mask_tile +
+              ", tensor<2x2x40x2x64xbf16>, tensor<2x2x40x2x64xbf16>) -> tensor<2x2x16x64xbf16>")
+  assert operands in call, call[-300:]
+  if variant == "triton":                            # one program per (sequence, kv head)
+    import re
+    assert re.findall(r"grid_[xyz] = (\d+)", call) == ["2", "2", "1"]
 
 
 def test_attention_path(monkeypatch):
