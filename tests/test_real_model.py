@@ -84,25 +84,18 @@ def test_speculative_greedy_equals_plain_greedy_on_real_model(smollm):
     assert stats["drafted_tokens"] > 0
 
 
-def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm, tmp_path):
-  """20 prompts: a dynamic n-gram tree and a static layer-skip Sequoia tree give the tokens of plain greedy.
-  Every tree shape with every drafter is checked on tiny models (tests/test_trees.py, tests/test_tree_cli.py);
-  here each run compiles the 30-layer loop (~30 s), so one static and one dynamic tree, each with a drafter of
-  its own kind (lookup, a model)."""
-  import json as json_lib
+def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm):
+  """20 prompts: a dynamic n-gram tree gives the tokens of plain greedy.  Every tree shape with every drafter
+  (static trees, Sequoia, layer-skip and model drafters) is checked on tiny models (tests/test_trees.py,
+  tests/test_tree_cli.py, tests/test_lossless_trees.py); here a run compiles the 30-layer loop (~30 s), so
+  one tree: the kind built per step from the data, whose shape varies most between sequences and steps."""
   from specjax.prompts import load_prompts
   prompts = load_prompts()[:20]
-  acc = tmp_path / "acc.json"
-  acc.write_text(json_lib.dumps({"acceptance_vector": [0.5, 0.15, 0.08, 0.05]}))
   kw = dict(max_new_tokens=16, batch_size=20)
   base = [o.token_ids for o in specjax.generate(smollm, prompts, **kw)[0]]
-  runs = [("ngram", "dynamic:8:2"), ("layerskip", "sequoia:6:3")]
-  for drafter, tree in runs:
-    outs, stats = specjax.generate(smollm, prompts, drafter=drafter, tree=tree,
-                                   acceptance=str(acc) if tree.startswith("sequoia") else None,
-                                   draft_layers="0,1,2,3,26,27,28,29" if drafter == "layerskip" else None, **kw)
-    assert [o.token_ids for o in outs] == base, (drafter, tree)
-    assert stats["drafted_tokens"] > 0
+  outs, stats = specjax.generate(smollm, prompts, drafter="ngram", tree="dynamic:8:2", **kw)
+  assert [o.token_ids for o in outs] == base
+  assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] > 0
 
 
 def test_bf16_real_model_perplexity(smollm):
