@@ -1,0 +1,79 @@
+"""Sampling settings as per-sequence data: what lets one compiled step decode requests that each asked for
+their own temperature, top-k, top-p and seed (the server's continuous batching).
+
+``SamplingParams`` (sampling.py) is static: one setting compiled into an engine.  ``RowSampling`` holds one
+setting per sequence as arrays, and each sequence draws from its own PRNG key, so a seeded request gets the
+same tokens whichever other requests share its step.  Every function here equals its ``sampling`` twin
+applied row by row with that row's settings (tests/test_sampling_rows.py); a row with temperature 0 is
+greedy: its distribution is the one-hot argmax and its draw is the argmax.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.model import MASK_VALUE
+
+
+@struct.dataclass
+class RowSampling:
+  temperature_B: jax.Array      # float32; 0 = greedy
+  top_k_B: jax.Array            # int32; 0 = no top-k filter
+  top_p_B: jax.Array            # float32 in (0, 1]; 1 = no nucleus filter
+
+  @classmethod
+  def of(cls, settings) -> "RowSampling":
+    """From a list of ``sampling.SamplingParams`` (validated there), one per sequence."""
+    return cls(jnp.asarray([s.temperature for s in settings], jnp.float32),
+               jnp.asarray([s.top_k for s in settings], jnp.int32),
+               jnp.asarray([s.top_p for s in settings], jnp.float32))
+
+  @property
+  def greedy_B(self) -> jax.Array:
+    return self.temperature_B == 0.0
+
+
+def _per_row(x_B, logits_BxV):
+  """[B] broadcast against [B, ..., V]."""
+  return x_B.reshape(x_B.shape + (1,) * (logits_BxV.ndim - 1))
+
+
+def filtered_logits(logits_BxV: jax.Array, rs: RowSampling) -> jax.Array:
+  """``sampling.filtered_logits`` with row b's settings (any leading shape [B, ...]; greedy rows: meaningless,
+  as there)."""
+  x = logits_BxV.astype(jnp.float32) / _per_row(jnp.where(rs.greedy_B, 1.0, rs.temperature_B), logits_BxV)
+  V = x.shape[-1]
+  desc = jnp.sort(x, axis=-1)[..., ::-1]
+  k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), logits_BxV)
+  kth = jnp.take_along_axis(desc, k - 1, axis=-1)                                   # [..., 1]
+  x = jnp.where(x < kth, MASK_VALUE, x)
+  # The nucleus over the top-k filtered values (the order sampling.py applies them in).
+  desc = jnp.where(jnp.arange(V) < k, desc, MASK_VALUE)
+  probs = jax.nn.softmax(desc, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  top_p = _per_row(rs.top_p_B, logits_BxV)
+  keep = (mass_before < top_p) | (top_p >= 1.0)
+  threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(x < threshold, MASK_VALUE, x)
+
+
+def probs(logits_BxV: jax.Array, rs: RowSampling) -> jax.Array:
+  """Row b's sampling distribution (one-hot argmax for a greedy row)."""
+  V = logits_BxV.shape[-1]
+  one_hot = jax.nn.one_hot(jnp.argmax(logits_BxV, axis=-1), V, dtype=jnp.float32)
+  return jnp.where(_per_row(rs.greedy_B, logits_BxV), one_hot, jax.nn.softmax(filtered_logits(logits_BxV, rs), -1))
+
+
+def row_keys(keys_Bx2: jax.Array, step) -> jax.Array:
+  """Each sequence's key for one step: its own key folded with the step number (its count of steps so far,
+  not the batch's), so its draws do not depend on the batch."""
+  return jax.vmap(jax.random.fold_in)(keys_Bx2, jnp.broadcast_to(jnp.asarray(step, jnp.uint32),
+                                                                 keys_Bx2.shape[:1]))
+
+
+def sample(logits_BxV: jax.Array, keys_Bx2: jax.Array, rs: RowSampling) -> jax.Array:
+  """One token per row [B] int32, row b drawn with its own key (argmax for a greedy row)."""
+  draw = jax.vmap(lambda k, lg: jax.random.categorical(k, lg))(keys_Bx2, filtered_logits(logits_BxV, rs))
+  return jnp.where(rs.greedy_B, jnp.argmax(logits_BxV, axis=-1), draw).astype(jnp.int32)
+

@@ -1,0 +1,53 @@
+"""Per-sequence sampling settings (specjax/sampling_rows.py) equal the static ones row by row, and a row's
+draws depend on its own key only."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import sampling, sampling_rows
+
+SETTINGS = [sampling.SamplingParams(), sampling.SamplingParams(temperature=1.0),
+            sampling.SamplingParams(temperature=0.7, top_k=5), sampling.SamplingParams(temperature=1.3, top_p=0.6),
+            sampling.SamplingParams(temperature=0.9, top_k=8, top_p=0.5), sampling.SamplingParams(temperature=1.0, top_k=1)]
+
+
+@pytest.fixture
+def logits():
+  return jnp.asarray(np.random.default_rng(0).standard_normal((len(SETTINGS), 40)) * 2, jnp.float32)
+
+
+def test_each_row_gets_its_own_settings(logits):
+  rs = sampling_rows.RowSampling.of(SETTINGS)
+  got = sampling_rows.probs(logits, rs)
+  for b, sp in enumerate(SETTINGS):
+    np.testing.assert_allclose(got[b], sampling.probs(logits[b:b + 1], sp)[0], atol=1e-6, err_msg=str(sp))
+  filt = sampling_rows.filtered_logits(logits, rs)
+  for b, sp in enumerate(SETTINGS[1:], start=1):    # (meaningless for the greedy row)
+    kept = np.asarray(sampling.filtered_logits(logits[b:b + 1], sp)[0]) > -1e30
+    np.testing.assert_array_equal(np.asarray(filt[b]) > -1e30, kept, err_msg=str(sp))
+
+
+def test_filters_work_on_tree_shaped_logits(logits):
+  rs = sampling_rows.RowSampling.of(SETTINGS)
+  lg = jnp.stack([logits, logits[:, ::-1]], axis=1)                        # [B, 2, V]
+  got = sampling_rows.probs(lg, rs)
+  for b, sp in enumerate(SETTINGS):
+    np.testing.assert_allclose(got[b], sampling.probs(lg[b], sp), atol=1e-6)
+
+
+def test_a_rows_draws_depend_on_its_key_alone(logits):
+  rs = sampling_rows.RowSampling.of(SETTINGS)
+  keys = jax.vmap(jax.random.PRNGKey)(jnp.arange(len(SETTINGS)))
+  step_keys = sampling_rows.row_keys(keys, 3)
+  tok = sampling_rows.sample(logits, step_keys, rs)
+  # row 3 alone, with its own key: the same token
+  alone = sampling_rows.sample(logits[3:4], step_keys[3:4], sampling_rows.RowSampling.of(SETTINGS[3:4]))
+  assert int(alone[0]) == int(tok[3])
+  assert int(tok[0]) == int(jnp.argmax(logits[0])) and int(tok[5]) == int(jnp.argmax(logits[5]))   # greedy, top-1
+  # the draws follow the distribution: 4000 steps of row 1's key against its probabilities
+  many = jax.vmap(lambda s: sampling_rows.sample(logits[1:2], sampling_rows.row_keys(keys[1:2], s),
+                                                 sampling_rows.RowSampling.of(SETTINGS[1:2]))[0])(jnp.arange(4000))
+  freq = np.bincount(np.asarray(many), minlength=40) / 4000
+  p = np.asarray(sampling.probs(logits[1:2], SETTINGS[1])[0])
+  assert np.abs(freq - p).max() < 0.03
