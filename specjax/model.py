@@ -250,6 +250,12 @@ def attend_reference(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.
   return out.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
 
 
+# XLA:CPU multiplies a product of few rows with other blockings than one of many, so the same query row
+# summed differently in a one-row plain step and a k + 1-row verification (fp32 and bf16; measured: the T*H
+# rows of 1..4 queries differ from 8's, 8 to 64 agree).  The queries are padded to at least this many rows.
+ATTEND_MIN_ROWS = 64
+
+
 def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
            mask_BxTxS: jax.Array) -> jax.Array:
   """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E].
@@ -260,6 +266,11 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   spends more time transposing the window than attending).  Same result as ``attend_reference``.
   """
   B, T, H, E = q_BxTxHxE.shape
+  Tp = max(T, -(-ATTEND_MIN_ROWS // H))
+  if Tp > T:       # dead query rows (seeing nothing: zero out) so that every T takes the same product kernel
+    q_BxTxHxE = jnp.pad(q_BxTxHxE, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
+    mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, Tp - T), (0, 0)))
+    return attend(q_BxTxHxE, k_BxSxKxE, v_BxSxKxE, mask_BxTxS)[:, :T]
   S, K = k_BxSxKxE.shape[1], k_BxSxKxE.shape[2]
   G = H // K
   dt = k_BxSxKxE.dtype

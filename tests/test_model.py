@@ -215,3 +215,20 @@ def test_kv_buckets_do_not_change_results():
     step = model.forward(params, cfg, toks[:, :1], jnp.full((2, 1), 20), b.cache, kv_buckets=buckets)
     ref = model.forward(params, cfg, toks[:, :1], jnp.full((2, 1), 20), full.cache)
     np.testing.assert_allclose(step.logits, ref.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_xla_attention_gives_a_query_row_the_same_bits_whatever_the_row_count():
+  """A plain step attends with 1 query row, a verification with k + 1: the XLA attention pads the queries to
+  ATTEND_MIN_ROWS rows so both take the same product (unpadded, XLA:CPU summed row 0 differently for 1 and 5
+  queries: 1,299 of 5 × 576 fp32 outputs on a Zen 4)."""
+  r = np.random.default_rng(0)
+  B, H, K, E, S = 1, 9, 3, 64, 256
+  k = jnp.asarray(r.standard_normal((B, S, K, E)), jnp.float32)
+  v = jnp.asarray(r.standard_normal((B, S, K, E)), jnp.float32)
+  q = jnp.asarray(r.standard_normal((B, 8, H, E)), jnp.float32)
+  mask = jnp.arange(S)[None, None, :] < S - 30 + jnp.arange(8)[None, :, None]
+  f = jax.jit(model.attend)
+  one = np.asarray(f(q[:, :1], k, v, mask[:, :1]))[:, 0]
+  for T in (2, 5, 8):
+    np.testing.assert_array_equal(np.asarray(f(q[:, :T], k, v, mask[:, :T]))[:, 0], one, err_msg=f"T={T}")
+  np.testing.assert_allclose(f(q, k, v, mask), model.attend_reference(q, k, v, mask), atol=2e-6)
