@@ -267,7 +267,7 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   """
   B, T, H, E = q_BxTxHxE.shape
   Tp = max(T, -(-ATTEND_MIN_ROWS // H))
-  if Tp > T:       # dead query rows (seeing nothing: zero out) so that every T takes the same product kernel
+  if Tp > T:       # padding query rows (they see no slot and are dropped): every T takes the same kernel
     q_BxTxHxE = jnp.pad(q_BxTxHxE, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
     mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, Tp - T), (0, 0)))
     return attend(q_BxTxHxE, k_BxSxKxE, v_BxSxKxE, mask_BxTxS)[:, :T]
