@@ -107,6 +107,7 @@ def test_run_writes_a_run_directory(tiny_model, tmp_path):
   out = tmp_path / "run"
   proc = specjax("run", "configs/quickstart.gin", "--gin-binding", f"quickstart.model = '{tiny_model}'",
                  "--gin-binding", "quickstart.per_category = 1", "--gin-binding", "quickstart.categories = ['qa']",
+                 "--gin-binding", "quickstart.drafters = ['ngram']",
                  "--gin-binding",
                  "quickstart.max_new_tokens = 3", "--out", str(out), "--json")
   assert proc.returncode == 0, proc.stderr

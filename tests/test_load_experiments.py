@@ -32,7 +32,7 @@ def test_batch_sweep_crossover_and_policies_under_load(tiny_path, tmp_path):
   from experiments import batch_sweep
   policies = ("never", "always", "off-above", "adaptive", "goodput")
   res = batch_sweep.batch_sweep(tiny_path, prompts="specjax-prompts", categories=["summarization"], k=2,
-                                buckets=(0, 1, 2), slots=2, batches=(1,), rates=(50.0,), requests=4,
+                                buckets=(0, 2), slots=2, batches=(1,), rates=(50.0,), requests=4,
                                 max_new_tokens=6, policies=policies, max_batch=1, device="h200",
                                 crossover_requests=2, log=lambda *_: None)
   assert len(res["crossover_rows"]) == 1 and res["crossover_batch_measured"] in (None, 1)
