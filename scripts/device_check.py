@@ -38,6 +38,7 @@ from specjax import config, costmodel, kv_cache, machine, model, sampling  # noq
 from specjax.kernels import dispatch  # noqa: E402
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
 from specjax.speculative.drafters import DynamicShape  # noqa: E402
+from specjax.speculative.static_tree import StaticTree  # noqa: E402
 
 TOLERANCE = {"float32": 2e-4, "bfloat16": 3e-2}     # max |kernel - reference|, outputs of magnitude ~1
 
@@ -58,14 +59,12 @@ def _seconds(fn, *args, repeats: int = 5) -> float:
 
 
 def _tree_mask(T: int, U: int, rng) -> np.ndarray:
-  """[T, U] visibility of a random tree of T nodes in slots 0..T-1: each node sees its ancestors and itself."""
-  parent = [-1] + [int(rng.integers(0, t)) for t in range(1, T)]
+  """[T, U] visibility of a random tree of T nodes (root included) in slots 0..T-1, the engine's own
+  ancestor mask (``StaticTree.ancestors``)."""
+  parents = [-1] + sorted(int(rng.integers(0, i)) for i in range(1, T))    # BFS order: non-decreasing
+  ranks = [0] + [parents[1:i].count(parents[i]) for i in range(1, T)]
   mask = np.zeros((T, U), bool)
-  for t in range(T):
-    n = t
-    while n >= 0:
-      mask[t, n] = True
-      n = parent[n]
+  mask[:, :T] = StaticTree(tuple(parents), tuple(ranks)).ancestors()
   return mask
 
 
