@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax import sampling_rows
 from specjax.model import MASK_VALUE
 
 
@@ -41,7 +42,10 @@ def filtered_logits(logits_BxV: jax.Array, sp: SamplingParams) -> jax.Array:
   """Temperature-scaled logits with tokens outside top-k / top-p set to a large negative value.
 
   The result's softmax is the exact distribution plain sampling draws from.  Not meaningful when greedy.
+  ``sp`` may also be a ``sampling_rows.RowSampling`` (one setting per row); so for ``probs`` and ``sample``.
   """
+  if isinstance(sp, sampling_rows.RowSampling):
+    return sampling_rows.filtered_logits(logits_BxV, sp)
   x = logits_BxV.astype(jnp.float32) / sp.temperature
   V = x.shape[-1]
   if 0 < sp.top_k < V:
@@ -60,13 +64,17 @@ def filtered_logits(logits_BxV: jax.Array, sp: SamplingParams) -> jax.Array:
 
 def probs(logits_BxV: jax.Array, sp: SamplingParams) -> jax.Array:
   """The sampling distribution [B, V] (one-hot argmax when greedy)."""
+  if isinstance(sp, sampling_rows.RowSampling):
+    return sampling_rows.probs(logits_BxV, sp)
   if sp.greedy:
     return jax.nn.one_hot(jnp.argmax(logits_BxV, axis=-1), logits_BxV.shape[-1], dtype=jnp.float32)
   return jax.nn.softmax(filtered_logits(logits_BxV, sp), axis=-1)
 
 
 def sample(logits_BxV: jax.Array, key: jax.Array, sp: SamplingParams) -> jax.Array:
-  """Draw one token per row: [B] int32."""
+  """Draw one token per row: [B] int32 (with a ``RowSampling``, ``key`` is one key per row [B, 2])."""
+  if isinstance(sp, sampling_rows.RowSampling):
+    return sampling_rows.sample(logits_BxV, key, sp)
   if sp.greedy:
     return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   return jax.random.categorical(key, filtered_logits(logits_BxV, sp), axis=-1).astype(jnp.int32)

@@ -6,11 +6,17 @@ setting per sequence as arrays, and each sequence draws from its own PRNG key, s
 same tokens whichever other requests share its step.  Every function here equals its ``sampling`` twin
 applied row by row with that row's settings (tests/test_sampling_rows.py); a row with temperature 0 is
 greedy: its distribution is the one-hot argmax and its draw is the argmax.
+
+The random helpers at the bottom (``split``, ``uniform``, ``gumbel``, ``categorical``) take either one key
+(uint32 [2]: one stream for the batch, as a static engine draws) or one key per row ([B, 2]: row b's draws
+from its own key), so the drafters and acceptance rules serve both engines with one code path.
+``RowState`` is what an engine in per-row mode (``Engine.per_row``) carries in its state.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax.model import MASK_VALUE
@@ -33,6 +39,39 @@ class RowSampling:
   def greedy_B(self) -> jax.Array:
     return self.temperature_B == 0.0
 
+  @property
+  def greedy(self) -> bool:
+    """Never greedy as a whole (the static question drafters and rules ask of ``SamplingParams``): a greedy
+    row goes through the sampling rule with a one-hot p, which accepts exactly what greedy acceptance does
+    and draws the argmax."""
+    return False
+
+  @property
+  def any_filter(self) -> jax.Array:
+    """A row asks for top-k or top-p (else the sorts are skipped)."""
+    return jnp.any((self.top_k_B > 0) | (self.top_p_B < 1.0))
+
+
+@struct.dataclass
+class RowState:
+  """Per-sequence decoding data an engine in per-row mode keeps in its state."""
+  sampling: RowSampling
+  keys_Bx2: jax.Array           # uint32: each sequence's own PRNG key (its seed)
+  logprob_BxS: jax.Array        # float32: log p(token) under the target's own distribution (temperature 1, no
+                                # filter), at each generated token's position; 0 elsewhere
+
+  @classmethod
+  def create(cls, settings, seeds, max_len: int) -> "RowState":
+    """One ``SamplingParams`` and one integer seed in [0, 2^64) per sequence."""
+    return cls(RowSampling.of(settings), seed_keys(seeds), jnp.zeros((len(settings), max_len), jnp.float32))
+
+
+def seed_keys(seeds) -> jax.Array:
+  """Raw threefry keys [B, 2] of 64-bit seeds: the words (high, low), which is ``jax.random.PRNGKey(seed)``
+  for a seed below 2^32 (above it, PRNGKey keeps only the low word unless x64 is on: seeds would collide)."""
+  s = np.asarray([int(x) for x in seeds], dtype=np.uint64).reshape(-1)
+  return jnp.asarray(np.stack([s >> np.uint64(32), s & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32))
+
 
 def _per_row(x_B, logits_BxV):
   """[B] broadcast against [B, ..., V]."""
@@ -41,18 +80,22 @@ def _per_row(x_B, logits_BxV):
 
 def filtered_logits(logits_BxV: jax.Array, rs: RowSampling) -> jax.Array:
   """``sampling.filtered_logits`` with row b's settings (any leading shape [B, ...]; greedy rows: meaningless,
-  as there)."""
+  as there).  When no row asks for top-k or top-p the sorts over the vocabulary are skipped (``lax.cond``)."""
   x = logits_BxV.astype(jnp.float32) / _per_row(jnp.where(rs.greedy_B, 1.0, rs.temperature_B), logits_BxV)
+  return jax.lax.cond(rs.any_filter, _filter, lambda x, rs: x, x, rs)
+
+
+def _filter(x, rs: RowSampling):
   V = x.shape[-1]
   desc = jnp.sort(x, axis=-1)[..., ::-1]
-  k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), logits_BxV)
+  k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), x)
   kth = jnp.take_along_axis(desc, k - 1, axis=-1)                                   # [..., 1]
   x = jnp.where(x < kth, MASK_VALUE, x)
   # The nucleus over the top-k filtered values (the order sampling.py applies them in).
   desc = jnp.where(jnp.arange(V) < k, desc, MASK_VALUE)
   probs = jax.nn.softmax(desc, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs
-  top_p = _per_row(rs.top_p_B, logits_BxV)
+  top_p = _per_row(rs.top_p_B, x)
   keep = (mass_before < top_p) | (top_p >= 1.0)
   threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
   return jnp.where(x < threshold, MASK_VALUE, x)
@@ -77,3 +120,38 @@ def sample(logits_BxV: jax.Array, keys_Bx2: jax.Array, rs: RowSampling) -> jax.A
   draw = jax.vmap(lambda k, lg: jax.random.categorical(k, lg))(keys_Bx2, filtered_logits(logits_BxV, rs))
   return jnp.where(rs.greedy_B, jnp.argmax(logits_BxV, axis=-1), draw).astype(jnp.int32)
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Random draws from one key or from one key per row.
+
+
+def _rowwise(key) -> bool:
+  return key.ndim == 2
+
+
+def split(key: jax.Array, n: int) -> jax.Array:
+  """n keys [n, 2] from one key; n per-row keys [n, B, 2] from per-row keys [B, 2]."""
+  if not _rowwise(key):
+    return jax.random.split(key, n)
+  return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, n))(key), 0, 1)
+
+
+def uniform(key: jax.Array, shape) -> jax.Array:
+  """Uniform [0, 1) draws of ``shape`` = [B, ...]; with per-row keys, row b from key b."""
+  if not _rowwise(key):
+    return jax.random.uniform(key, shape)
+  return jax.vmap(lambda k: jax.random.uniform(k, tuple(shape[1:])))(key)
+
+
+def gumbel(key: jax.Array, shape) -> jax.Array:
+  if not _rowwise(key):
+    return jax.random.gumbel(key, shape)
+  return jax.vmap(lambda k: jax.random.gumbel(k, tuple(shape[1:])))(key)
+
+
+def categorical(key: jax.Array, logits_BxV: jax.Array) -> jax.Array:
+  """One draw per row over the last axis, int32 [B, ...]."""
+  if not _rowwise(key):
+    return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
+  return jax.vmap(lambda k, lg: jax.random.categorical(k, lg, axis=-1))(key, logits_BxV).astype(jnp.int32)

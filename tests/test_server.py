@@ -27,7 +27,7 @@ class Running:
     import uvicorn
     slots, max_queue = kw.pop("slots", 4), kw.pop("max_queue", 64)
     eng = factory.make_batcher(m, drafter="ngram", policy="adaptive", buckets=(0, 1, 2, 4), slots=slots,
-                               max_len=256, max_queue=max_queue)
+                               max_len=256, max_queue=max_queue, per_request=True)
     eng.warmup(64)
     self.worker = server.EngineWorker(eng, max_queue=max_queue)
     self.worker.start()

@@ -104,7 +104,7 @@ def cmd_serve(args) -> int:
     raise SpecjaxError(str(e)) from e
   m = common.load_model(args)
   max_len = args.max_len or 2048
-  eng = common.serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue)
+  eng = common.serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue, per_request=True)
   common.log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, "
              f"policy {eng.policy.name}, buckets {eng.buckets}: compiling…")
   common.log(f"[serve] warm-up {eng.warmup(512):.1f}s")

@@ -11,6 +11,12 @@ compiled engine per k bucket (all sharing that state's shapes: ``Engine.stats_no
      EOS, their max_tokens, or were cancelled.
 A request that could never fit (prompt + max_tokens + speculative headroom > the buffers) is refused at
 ``submit`` with a clear error; a full queue refuses with ``QueueFull``.
+
+With ``per_request=True`` (the server) every request brings its own sampling settings and seed: they are
+per-slot data of the state (``sampling_rows.RowState``, written at admission), each slot draws from its own
+key, and the engines run the sampling rule for every row (a greedy row's one-hot p makes it exactly greedy), so
+a seeded request gets the same tokens alone or among others (at a fixed k: a policy that changes k with the
+load changes which draws are made, not their distribution), and each token's log-probability is read back.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, sharding
+from specjax import sampling, sampling_rows, sharding
 from specjax import speculative as spec
 from specjax.buffers import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
@@ -50,10 +56,13 @@ class Request:
   arrival: float = 0.0                  # seconds (trace time; the batcher's clock)
   on_tokens: Callable | None = None     # called with (request, new token ids) as they are committed
   on_finish: Callable | None = None     # called with (request) once it is finished (any reason)
+  sampling: sampling.SamplingParams | None = None   # per-request mode: its settings (None: the batcher's)
+  seed: int | None = None               # per-request mode: its PRNG seed (None: drawn from the batcher's)
   error: str | None = None
   # filled in while serving
   slot: int | None = None
   tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)   # per-request mode: each token's
   admitted: float | None = None
   first_token: float | None = None
   token_times: list[float] = dataclasses.field(default_factory=list)
@@ -76,11 +85,14 @@ def _insert(big, small, slot):
 
 
 def admit_slot(engine: spec.Engine, target_params, draft_params, state: spec.SpecState, slot, prompt_1xP,
-               prompt_len_1, max_new_1, key) -> spec.SpecState:
-  """Prefill one request into ``slot`` of the running batch; the other slots are untouched."""
+               prompt_len_1, max_new_1, key, rows_1=None) -> spec.SpecState:
+  """Prefill one request into ``slot`` of the running batch; the other slots are untouched.  ``rows_1``: its
+  sampling settings and seed (a per-row engine)."""
   S = state.seq_BxS.shape[1]
   one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S, state.cache.k.dtype), prompt_1xP, prompt_len_1,
-                  max_new_1, key)
+                  max_new_1, key, rows_1)
+  if engine.per_row:
+    state = state.replace(rows=_insert(state.rows, one.rows, slot))
   return state.replace(
       cache=_insert(state.cache, one.cache, slot), draft=_insert(state.draft, one.draft, slot),
       seq_BxS=_insert(state.seq_BxS, one.seq_BxS, slot), last_B=_insert(state.last_B, one.last_B, slot),
@@ -136,13 +148,14 @@ class ContinuousBatcher:
                buckets: Sequence[int] = (0, 1, 2, 4, 8), policy=None, sp: sampling.SamplingParams | None = None,
                eos_ids: Sequence[int] | None = None, max_queue: int = 1024, seed: int = 0,
                memory_budget: float | None = None, clock: Callable[[], float] = time.perf_counter,
-               **drafter_kwargs):
+               per_request: bool = False, **drafter_kwargs):
     self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
     self.mesh = getattr(m, "mesh", None)    # a model on a mesh (``api.on_mesh``): every step runs sharded
     if self.mesh is not None and jax.process_count() > 1:
       raise SpecjaxError("serving over several processes is not supported (every process would have to step in "
                          "lockstep with the one receiving requests): use --mesh over one host's devices")
-    self.sp = sp or sampling.SamplingParams()
+    self.sp = sp or sampling.SamplingParams()      # per-request mode: the default of a request without its own
+    self.per_request = bool(per_request)
     self.eos_ids = tuple(m.tokenizer.eos_token_ids if eos_ids is None else eos_ids)
     buckets = sorted({int(b) for b in buckets} | {0})
     kind = drafter_registry.get(drafter)
@@ -152,12 +165,15 @@ class ContinuousBatcher:
     self.buckets = buckets
     # One drafter for every bucket (its cache sized for the largest k); the memory bill of the slots' buffers
     # of max_len positions (a request must leave k_top + 1 of them free: ``headroom``).
-    ds = DecodeSpec(drafter=drafter, k=max(self.k_top, 1), sampling=self.sp, **drafter_kwargs)
+    # Per-request mode bills the draft distributions a sampled row keeps (any request may sample).
+    bill_sp = sampling.SamplingParams(temperature=1.0) if self.per_request else self.sp
+    ds = DecodeSpec(drafter=drafter, k=max(self.k_top, 1), sampling=bill_sp, **drafter_kwargs)
     built = build(m, ds, eos_ids=self.eos_ids, max_len=max_len, draft=draft, batch_size=self.slots,
                   memory_budget=memory_budget)
     self.draft_params = built.draft_params
     self.engines: dict[int, spec.Engine] = {
         k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))
+        ._replace(sp=self.sp, per_row=self.per_request)
         for k in buckets}
     self.policy = policy or pol.FixedK(self.k_top)
     self.tracker = pol.AcceptanceTracker(self.slots, max(self.k_top, 1))
@@ -165,6 +181,7 @@ class ContinuousBatcher:
     self.max_queue = max_queue
     self.running: list[Request | None] = [None] * self.slots
     self.key = jax.random.PRNGKey(seed)
+    self._seeds = np.random.default_rng(seed)      # per-request mode: seeds of requests that bring none
     self.history: list[StepRecord] = []
     self._prompt_len = np.zeros(self.slots, np.int64)
     self._num_new = np.zeros(self.slots, np.int64)
@@ -178,17 +195,23 @@ class ContinuousBatcher:
     zeros = np.zeros((B, 1), np.int32)
     cache = init_cache(self.m.cfg, B, S, self.m.dtype)
     args = (zeros, np.ones(B, np.int32), np.zeros(B, np.int32))
+    rows = self._rows([self.sp] * B, [0] * B) if self.per_request else None
     if self.mesh is None:
       self.jits = _SINGLE
       args = jax.device_put(args)
     else:                                   # slots over "data", KV heads over "model"
       cache = sharding.shard_cache(cache, self.mesh)
       args = tuple(sharding.shard_batch(a, self.mesh) for a in args)
+      if rows is not None:
+        rows = jax.tree_util.tree_map(lambda a: sharding.shard_batch(a, self.mesh), rows)
       abstract = jax.eval_shape(functools.partial(spec.init, eng), self.m.prefill_params, self.draft_params,
-                                cache, *args, jax.random.PRNGKey(0))
+                                cache, *args, jax.random.PRNGKey(0), rows)
       self.jits = _mesh_jits(sharding.state_shardings(abstract, self.mesh, B))
-    st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0))
+    st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0), rows)
     return st
+
+  def _rows(self, settings, seeds) -> sampling_rows.RowState:
+    return sampling_rows.RowState.create(settings, seeds, self.max_len)
 
   def _put(self, k_B):
     """Each slot's k, placed like the slots."""
@@ -220,6 +243,9 @@ class ContinuousBatcher:
     return self.k_top + 2
 
   def check_request(self, r: Request) -> None:
+    if not self.per_request and r.sampling is not None and r.sampling != self.sp:
+      raise AdmissionError(f"this batcher decodes with {self.sp} for every request; build it with "
+                           "per_request=True to serve each request's own settings")
     if r.max_new_tokens < 1:
       raise AdmissionError(f"max_tokens must be >= 1, got {r.max_new_tokens}")
     if not r.prompt_ids:
@@ -258,9 +284,14 @@ class ContinuousBatcher:
       arr, lens = pad_batch([r.prompt_ids], 1,          # padded to a prompt bucket: few prefill shapes
                             pad_to=min(prompt_bucket(len(r.prompt_ids)), self.max_len))
       self.key, sub = jax.random.split(self.key)
+      rows = None
+      if self.per_request:
+        if r.seed is None:
+          r.seed = int(self._seeds.integers(0, 2 ** 31))
+        rows = self._rows([r.sampling or self.sp], [r.seed])
       self.state = self.jits.admit(self.engines[self.k_top], self.m.prefill_params, self.draft_params,
                                    self.state, jnp.int32(slot),
-                                   *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))), sub)
+                                   *jax.device_put((arr, lens, np.asarray([r.max_new_tokens], np.int32))), sub, rows)
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
@@ -304,6 +335,7 @@ class ContinuousBatcher:
   def _read_back(self, now: float, offered, live=None) -> int:
     seq, num_new, done, accepted = jax.device_get((self.state.seq_BxS, self.state.num_new_B, self.state.done_B,
                                                    self.state.stats.accepted_B))
+    logprob = jax.device_get(self.state.rows.logprob_BxS) if self.per_request else None
     if offered is not None:
       self.tracker.update(live, offered, accepted - self._accepted)
     self._accepted = accepted.astype(np.int64)
@@ -316,6 +348,8 @@ class ContinuousBatcher:
         p = int(self._prompt_len[slot])
         toks = seq[slot, p + n_old:p + n_new].tolist()
         r.tokens += toks
+        if logprob is not None:
+          r.logprobs += logprob[slot, p + n_old:p + n_new].tolist()
         r.token_times += [now] * len(toks)
         if r.first_token is None:
           r.first_token = now

@@ -1,7 +1,7 @@
 """``specjax serve``: an OpenAI-compatible HTTP server over the continuous-batching engine (FastAPI + uvicorn).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with server-sent events or
-not; ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``), ``GET /health``, ``GET /metrics``
+not; ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``logprobs``), ``GET /health``, ``GET /metrics``
 (Prometheus text: queue depth, running slots, tokens generated and tokens/s, acceptance, the k chosen),
 ``GET /v1/models``.
 
@@ -11,10 +11,12 @@ thread-safe inbox, runs iterations while there is work, and hands each request's
 body; a full queue gets 429; a client that disconnects mid-stream has its request cancelled, which frees its
 slot at the next iteration.
 
-Sampling settings are compiled into the engine: the server decodes with the ``--temperature`` / ``--top-p``
-it was started with, and a request asking for other values is refused (400) rather than silently served
-differently.  ``seed`` is accepted; under continuous batching requests share one random stream, so it does
-not make sampled output reproducible (greedy output is deterministic).
+Sampling is per request: ``temperature``, ``top_p``, ``top_k`` and ``seed`` are each request's own data in
+the batch (the batcher's per-request mode; ``--temperature`` / ``--top-p`` are the defaults of a request that
+does not set them), each request draws from its own seeded key, and acceptance is lossless row by row, so a
+seeded request gets the same tokens alone or among others (at a fixed k).  ``logprobs`` reports each token's
+log-probability under the model's own distribution (before temperature and filters); top alternatives
+(``top_logprobs`` > 0) are not offered.  An invalid value gets a 400 whose ``param`` names the field.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ from typing import Any
 import numpy as np
 from fastapi import Request as HttpRequest      # at module level: FastAPI resolves handler annotations here
 
+from specjax import sampling
 from specjax.errors import SpecjaxError
 from specjax.serving import batcher as bt
 
 KNOWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                "seed", "stop", "stream", "stream_options", "n", "user", "logprobs", "top_logprobs",
+                "top_k", "seed", "stop", "stream", "stream_options", "n", "user", "logprobs", "top_logprobs",
                 "presence_penalty", "frequency_penalty", "echo", "suffix", "best_of", "logit_bias",
                 "response_format", "tools", "tool_choice", "parallel_tool_calls"}
-NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False, "best_of": 1, "logprobs": None,
-           "top_logprobs": None, "suffix": None, "logit_bias": None, "response_format": None, "tools": None,
+NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False, "best_of": 1,
+           "suffix": None, "logit_bias": None, "response_format": None, "tools": None,
            "tool_choice": None, "parallel_tool_calls": None}
 
 
@@ -161,13 +164,14 @@ def parse_request(body: Any, chat: bool, server_sp, default_max_tokens: int) -> 
                        default_max_tokens, 1, None, int)
   temperature = _number(body, "temperature", server_sp.temperature, 0.0, 2.0)
   top_p = _number(body, "top_p", server_sp.top_p, 0.0, 1.0)
-  if abs(temperature - server_sp.temperature) > 1e-9 or abs(top_p - server_sp.top_p) > 1e-9:
-    raise BadRequest(f"this server decodes with temperature {server_sp.temperature} and top_p {server_sp.top_p} "
-                     "(compiled into its engine); drop these fields or restart it with --temperature/--top-p",
-                     param="temperature")
+  if top_p <= 0.0:
+    raise BadRequest("'top_p' must be in (0, 1] (1 keeps every token), got 0", param="top_p")
+  top_k = _number(body, "top_k", server_sp.top_k, -1, None, int)
+  sp = sampling.SamplingParams(temperature, max(top_k, 0), top_p)     # top_k -1 or 0: no top-k filter
   seed = body.get("seed")
-  if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-    raise BadRequest(f"'seed' must be an integer, got {seed!r}", param="seed")
+  if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+    raise BadRequest(f"'seed' must be an integer in [0, 2^63), got {seed!r}", param="seed")
+  logprobs = _logprobs(body, chat)
   stop = body.get("stop")
   if stop is None:
     stops = []
@@ -197,27 +201,59 @@ def parse_request(body: Any, chat: bool, server_sp, default_max_tokens: int) -> 
   if not isinstance(so, dict):
     raise BadRequest("'stream_options' must be an object", param="stream_options")
   return {"prompt": prompt, "max_tokens": max_tokens, "stops": [s for s in stops if s], "stream": stream,
-          "model": body.get("model"), "include_usage": bool(so.get("include_usage", False))}
+          "model": body.get("model"), "include_usage": bool(so.get("include_usage", False)), "sampling": sp,
+          "seed": seed, "logprobs": logprobs}
+
+
+def _logprobs(body: dict, chat: bool) -> bool:
+  """Whether the chosen tokens' log-probabilities are asked for: chat ``logprobs: true``, completions
+  ``logprobs: 0`` (an int: its top alternatives, which this server does not offer beyond 0)."""
+  lp, top = body.get("logprobs"), body.get("top_logprobs")
+  if top not in (None, 0):
+    raise BadRequest(f"'top_logprobs' = {top!r}: top alternatives are not offered; leave it unset or 0 (the "
+                     "chosen tokens' log-probabilities come with logprobs)", param="top_logprobs")
+  if lp is None:
+    return False
+  if chat:
+    if not isinstance(lp, bool):
+      raise BadRequest(f"'logprobs' must be true or false for chat completions, got {lp!r}", param="logprobs")
+    return lp
+  if isinstance(lp, bool) or not isinstance(lp, int) or lp != 0:
+    raise BadRequest(f"'logprobs' = {lp!r}: this server returns the chosen tokens' log-probabilities "
+                     "(logprobs: 0), not top alternatives", param="logprobs")
+  return True
 
 
 class TextStream:
-  """Turns committed token ids into text deltas: EOS dropped, partial UTF-8 held back, stop strings cut."""
+  """Turns committed token ids into text deltas: EOS dropped, partial UTF-8 held back, stop strings cut.
+  ``kept``: the (id, log-probability) of every token that made it into the text (up to the one that
+  completed a stop string)."""
 
   def __init__(self, tokenizer, eos_ids, stops):
     self.tok, self.eos, self.stops = tokenizer, set(eos_ids), stops
     self.ids: list[int] = []
+    self.kept: list[tuple[int, float | None]] = []
     self.sent = ""
     self.stopped = False
 
-  def push(self, ids) -> str:
+  def push(self, ids, logprobs=None) -> str:
     if self.stopped:
       return ""
-    self.ids += [i for i in ids if i not in self.eos]
-    text = self.tok.decode(self.ids)
-    for s in self.stops:
-      j = text.find(s)
-      if j >= 0:
-        text, self.stopped = text[:j], True
+    lps = list(logprobs) if logprobs is not None else [None] * len(ids)
+    new = [(i, lp) for i, lp in zip(ids, lps) if i not in self.eos]
+    text = None
+    # With stop strings, token by token: the tokens after the one that completes a stop are not kept.
+    for n in ([len(new)] if not self.stops else range(1, len(new) + 1)):
+      text = self.tok.decode(self.ids + [i for i, _ in new[:n]])
+      hit = [text.find(s) for s in self.stops if s in text]
+      if hit:
+        text, self.stopped = text[:min(hit)], True
+        new = new[:n]
+        break
+    self.ids += [i for i, _ in new]
+    self.kept += new
+    if text is None:
+      text = self.tok.decode(self.ids)
     if not self.stopped:
       keep = max((len(s) - 1 for s in self.stops), default=0)   # a stop string may still be forming
       safe = text[:len(text) - keep] if keep else text
@@ -306,8 +342,10 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
            else tokenizer.encode(p["prompt"]))
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    r = bt.Request(ids, p["max_tokens"], rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}")
-    r.on_tokens = lambda req, toks: loop.call_soon_threadsafe(events.put_nowait, ("tokens", toks))
+    r = bt.Request(ids, p["max_tokens"], rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                   sampling=p["sampling"], seed=p["seed"])
+    r.on_tokens = lambda req, toks: loop.call_soon_threadsafe(
+        events.put_nowait, ("tokens", (toks, req.logprobs[len(req.tokens) - len(toks):])))
     r.on_finish = lambda req: loop.call_soon_threadsafe(events.put_nowait, ("finish", None))
     try:
       worker.submit(r)
@@ -324,27 +362,46 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
       n = len([t for t in r.tokens if t not in eos_ids])
       return {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
 
+    lp_sent = [0]
+
+    def logprobs_block(everything=False):
+      """The log-probabilities of the tokens kept since the last block (OpenAI's two shapes), or None."""
+      if not p["logprobs"]:
+        return None
+      start = 0 if everything else lp_sent[0]
+      entries = text.kept[start:]
+      lp_sent[0] = len(text.kept)
+      pieces = [tokenizer.decode([i]) for i, _ in entries]
+      if chat:
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, (_, lp) in zip(pieces, entries)]}
+      return {"tokens": pieces, "token_logprobs": [lp for _, lp in entries], "top_logprobs": None}
+
     def finish_reason():
       if text.stopped or r.finish_reason == "stop":
         return "stop"
       return "length" if r.finish_reason == "length" else (r.finish_reason or "stop")
 
     async def next_event():
-      kind, toks = await events.get()
+      kind, payload = await events.get()
       if kind == "tokens":
-        delta = text.push(toks)
+        delta = text.push(*payload)
         if text.stopped and not r.done:
           worker.cancel(r)                  # a stop string: no more tokens are needed
         return delta, False
       return text.flush(), True
 
     def chunk(delta: str, reason):
+      lp = logprobs_block()
       if chat:
         d = {"content": delta} if delta else {}
+        c = {"index": 0, "delta": d, "finish_reason": reason}
+        if lp is not None:
+          c["logprobs"] = lp
         return {"id": r.rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": d, "finish_reason": reason}]}
+                "choices": [c]}
       return {"id": r.rid, "object": "text_completion", "created": created, "model": model,
-              "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]}
+              "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": lp}]}
 
     if p["stream"]:
       async def sse():
@@ -388,9 +445,10 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
     if chat:
       return {"id": r.rid, "object": "chat.completion", "created": created, "model": model, "usage": usage(),
               "choices": [{"index": 0, "message": {"role": "assistant", "content": text.sent},
-                           "finish_reason": finish_reason()}]}
+                           "finish_reason": finish_reason(), "logprobs": logprobs_block(everything=True)}]}
     return {"id": r.rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text.sent, "finish_reason": finish_reason(), "logprobs": None}],
+            "choices": [{"index": 0, "text": text.sent, "finish_reason": finish_reason(),
+                         "logprobs": logprobs_block(everything=True)}],
             "usage": usage()}
 
   @app.post("/v1/completions")

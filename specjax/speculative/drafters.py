@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, model as model_lib, sampling
+from specjax import decode, model as model_lib, sampling, sampling_rows
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache, cache_bytes, compact, init_cache
 from specjax.speculative import tree_shapes
@@ -180,7 +180,7 @@ class ModelDrafter:
     # Feature drafters: each node's own feature (its forward's output), read by its children's forward.
     feats = None if feat is None else jnp.zeros((B, N1, feat.shape[-1]), feat.dtype).at[:, 0].set(feat)
     q_all = None if sp.greedy else jnp.zeros((B, N1, logits.shape[-1]), jnp.float32)
-    keys = jax.random.split(key, shape.max_depth)
+    keys = sampling_rows.split(key, shape.max_depth)   # one key, or one per row (per-row sampling)
     valid = jnp.ones((B, N1), bool)                    # a child that was never drawn (filler) is not a proposal
     for d in range(1, shape.max_depth + 1):
       if d > 1:

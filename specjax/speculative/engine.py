@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import decode, sampling
+from specjax import decode, sampling, sampling_rows
 from specjax.kv_cache import KVCache, compact
 from specjax.speculative import tree as tree_lib
 from specjax.speculative import tree_shapes
-from specjax.speculative.acceptance import rule_for
+from specjax.speculative.acceptance import SpeculativeSampling, rule_for
 
 
 @struct.dataclass
@@ -60,6 +60,7 @@ class SpecState:
   key: jax.Array
   stats: SpecStats
   starts_BxS: jax.Array        # bool: positions whose token was the root of an iteration (a draft followed it)
+  rows: Any = None             # sampling_rows.RowState in per-row mode (``Engine.per_row``), else None
 
 
 class Engine(NamedTuple):
@@ -74,10 +75,15 @@ class Engine(NamedTuple):
   tree: Any = None                   # StaticTree | DynamicShape with k_max nodes; None: the chain of k_max
   stats_nodes: int = 0               # size the per-depth / per-node counters for this many nodes (at least
                                      # k_max): engines of several k then share one SpecState (a scheduler)
+  per_row: bool = False              # sampling settings and PRNG keys per sequence, read from the state
+                                     # (``SpecState.rows``; the server's requests); ``sp`` is then unused
 
   @property
   def rule(self):
-    return self.acceptance if self.acceptance is not None else rule_for(self.sp)
+    if self.acceptance is not None:
+      return self.acceptance
+    # Per-row mode: one rule for every row; a greedy row's one-hot p makes it exactly greedy acceptance.
+    return SpeculativeSampling() if self.per_row else rule_for(self.sp)
 
   @property
   def shape(self):
@@ -103,8 +109,9 @@ def _is_eos(tok, eos_ids):
 
 
 def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP, prompt_lens_B, max_new_B,
-         key) -> SpecState:
-  """Prefill target and drafter and sample the first token from the target."""
+         key, rows: sampling_rows.RowState | None = None) -> SpecState:
+  """Prefill target and drafter and sample the first token from the target.  ``rows``: each sequence's
+  sampling settings and seed (required in per-row mode, where ``key`` is unused)."""
   B, P = prompt_BxP.shape
   S = cache.max_len
   taps = _feature_layers(engine.drafter)
@@ -114,8 +121,19 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
   else:   # a feature drafter reads the target's features of the prompt
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S, pre.features)
-  key, sub = jax.random.split(key)
-  tok = sampling.sample(pre.last_logits_BxV, sub, engine.sp)
+  if engine.per_row:
+    if rows is None:
+      raise ValueError("a per-row engine needs each sequence's sampling settings and seed: pass rows=RowState")
+    # A row's k-th draw comes from its own key folded with its count of tokens so far (0 here).
+    tok = sampling_rows.sample(pre.last_logits_BxV, sampling_rows.row_keys(rows.keys_Bx2, 0), rows.sampling)
+    lp_B = jnp.take_along_axis(jax.nn.log_softmax(pre.last_logits_BxV.astype(jnp.float32), -1), tok[:, None],
+                               axis=1)[:, 0]
+    rows = rows.replace(logprob_BxS=jnp.zeros((B, S), jnp.float32).at[jnp.arange(B), prompt_lens_B].set(
+        lp_B, mode="drop"))
+  else:
+    key, sub = jax.random.split(key)
+    tok = sampling.sample(pre.last_logits_BxV, sub, engine.sp)
+    rows = None
   live = max_new_B > 0
   seq = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_BxP)
   seq = jnp.where(jnp.arange(S)[None, :] < prompt_lens_B[:, None], seq, 0)
@@ -131,7 +149,7 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
                     node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
-                   key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool))
+                   key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool), rows=rows)
 
 
 def _feature_layers(drafter):
@@ -148,11 +166,17 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   B, S = state.seq_BxS.shape
   lengths = cache.lengths
   live = ~state.done_B
-  key, k_draft, k_accept = jax.random.split(state.key, 3)
+  key = state.key
+  if engine.per_row:        # each row's keys for this step: its own key folded with its token count
+    sp = state.rows.sampling
+    k_draft, k_accept = sampling_rows.split(sampling_rows.row_keys(state.rows.keys_Bx2, state.num_new_B), 2)
+  else:
+    sp = engine.sp
+    key, k_draft, k_accept = jax.random.split(key, 3)
 
   # 1. Draft a tree.  Node i is verified at slot lengths + i: never past the cache, never past k_active.
   draft, d = engine.drafter.propose(draft_params, state.draft, state.seq_BxS, lengths, state.last_B, shape,
-                                    k_draft, engine.sp)
+                                    k_draft, sp)
   room_B = jnp.maximum(S - 1 - lengths, 0)
   active = jnp.arange(N1)[None, :] <= jnp.minimum(k_active_B, room_B)[:, None]
   tree = tree_lib.build(d.tokens_BxN1, d.parents_BxN1, d.valid_BxN1 & active & live[:, None])
@@ -170,7 +194,7 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
                                 region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=taps)
 
   # 3. Accept: a root-to-leaf path of n drafts, then the next token.
-  acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, engine.sp,
+  acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, sp,
                     engine.drafter.siblings_without_replacement)
   n = jnp.take_along_axis(tree.depth_BxN1, acc.leaf_B[:, None], axis=1)[:, 0]
   path = tree_lib.path_nodes(tree, acc.leaf_B, D)                               # [B, D+1], -1 past n
@@ -188,6 +212,13 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   count = jnp.sum(keep, axis=1).astype(jnp.int32)                 # tokens committed this iteration
   idx = jnp.where(keep, lengths[:, None] + 1 + j_D1, S)
   seq = state.seq_BxS.at[jnp.arange(B)[:, None], idx].set(cand, mode="drop")
+  row_state = state.rows
+  if engine.per_row:        # each committed token's log-probability: the logits of the path node before it
+    path_logits = jnp.take_along_axis(out.logits, jnp.maximum(path, 0)[:, :, None], axis=1)    # [B, D+1, V]
+    lp = jnp.take_along_axis(jax.nn.log_softmax(path_logits.astype(jnp.float32), -1), cand[:, :, None],
+                             axis=2)[:, :, 0]
+    row_state = row_state.replace(
+        logprob_BxS=row_state.logprob_BxS.at[jnp.arange(B)[:, None], idx].set(lp, mode="drop"))
   new_lengths = lengths + count
   newest = jnp.take_along_axis(cand, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
   last = jnp.where(count > 0, newest, state.last_B)
@@ -226,14 +257,14 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
       node_accepted_N1=st.node_accepted_N1 + pad(jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0), N_st + 1))
   starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live, lengths, S)].set(True, mode="drop")
   return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
-                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts)
+                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts, rows=row_state)
 
 
 @functools.partial(jax.jit, static_argnames=("engine",), donate_argnames=("cache",))
 def generate(target_params, draft_params, cache: KVCache, prompt_BxP, prompt_lens_B, max_new_B, k_active_B,
-             key, *, engine: Engine) -> SpecState:
+             key, rows=None, *, engine: Engine) -> SpecState:
   """Prefill, then speculative iterations until every sequence is done — one on-device loop."""
-  state = init(engine, target_params, draft_params, cache, prompt_BxP, prompt_lens_B, max_new_B, key)
+  state = init(engine, target_params, draft_params, cache, prompt_BxP, prompt_lens_B, max_new_B, key, rows)
   return decode_loop(engine, target_params, draft_params, state, k_active_B)
 
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import sampling
+from specjax import sampling, sampling_rows
 
 
 @struct.dataclass
@@ -140,10 +140,9 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   and it is valid (parents precede children, so a node's children are all tried after it is reached).
   """
   B, N1, V = target_logits_BxN1xV.shape
-  p_all = jax.nn.softmax(sampling.filtered_logits(target_logits_BxN1xV.reshape(B * N1, V), sp),
-                         axis=-1).reshape(B, N1, V)
-  key_u, key_s = jax.random.split(key)
-  u_BxN1 = jax.random.uniform(key_u, (B, N1))
+  p_all = sampling.probs(target_logits_BxN1xV, sp)             # [B, N1, V]; a greedy row's is one-hot
+  key_u, key_s = sampling_rows.split(key, 2)                     # one key, or one per row (per-row sampling)
+  u_BxN1 = sampling_rows.uniform(key_u, (B, N1))
   deterministic = q_BxN1xV is None
   rows = jnp.arange(B)
 
@@ -178,7 +177,7 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   init = (jnp.zeros((B,), jnp.int32), p_all[:, 0], None if deterministic else q_BxN1xV[:, 0])
   (leaf, p, _), _ = jax.lax.scan(body, init, xs)
   logits = jnp.where(p > 0, jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf)
-  nxt = jax.random.categorical(key_s, logits, axis=-1).astype(jnp.int32)
+  nxt = sampling_rows.categorical(key_s, logits)
   accepted = jnp.take_along_axis(tree.anc_BxN1xN1, leaf[:, None, None], axis=1)[:, 0]
   return TreeAcceptance(leaf, nxt, accepted)
 
@@ -188,13 +187,22 @@ def sample_children(key: jax.Array, logits_BxWxV: jax.Array, C: int, sp: samplin
   distribution by the Gumbel top-k trick (sampling).  Returns (tokens [B, W, C], q [B, W, V] or None,
   drawn [B, W, C]): when the filtered q has fewer than C tokens with mass (top-k or top-p narrower than the
   tree), the remaining children are filler that was never drawn (``drawn`` False): they must not be offered
-  for acceptance."""
+  for acceptance.
+
+  Per-row settings (``sampling_rows.RowSampling``, ``key`` one per row): a greedy row takes its top C, as a
+  greedy engine does, and offers them all; its q (the draft softmax) only has to be a distribution, since
+  its one-hot p accepts exactly the argmax whatever q is."""
   if sp.greedy:
     tokens = jax.lax.top_k(logits_BxWxV, C)[1].astype(jnp.int32)
     return tokens, None, jnp.ones(tokens.shape, bool)
   filt = sampling.filtered_logits(logits_BxWxV, sp)
   q = jax.nn.softmax(filt, axis=-1)
-  gumbel = jax.random.gumbel(key, filt.shape)
+  gumbel = sampling_rows.gumbel(key, filt.shape)
   scores = jnp.where(q > 0, jnp.log(jnp.maximum(q, 1e-38)) + gumbel, -jnp.inf)
+  if isinstance(sp, sampling_rows.RowSampling):
+    greedy = sp.greedy_B.reshape((-1,) + (1,) * (scores.ndim - 1))
+    scores = jnp.where(greedy, logits_BxWxV.astype(jnp.float32), scores)
+    best, tokens = jax.lax.top_k(scores, C)
+    return tokens.astype(jnp.int32), q, greedy | (best > -jnp.inf)
   best, tokens = jax.lax.top_k(scores, C)
   return tokens.astype(jnp.int32), q, best > -jnp.inf
