@@ -1,7 +1,8 @@
 """The OpenAI-compatible server, over real HTTP (uvicorn on a local port): completions and chat, streaming and
-not, with the openai client and httpx; 32 concurrent clients; bad requests get 4xx JSON errors and the server
-keeps serving; a client that disconnects mid-stream frees its slot; a full queue gets 429; /health and
-/metrics."""
+not, with the openai client and httpx; 32 concurrent clients; per-request sampling (requests with their own
+temperature, top-k, top-p and seed decoded together give the tokens they give alone; 64 streaming clients with
+mixed settings); bad requests get 4xx JSON errors naming the field and the server keeps serving; a client that
+disconnects mid-stream frees its slot; a full queue gets 429; /health and /metrics."""
 import asyncio
 import json
 import socket
@@ -26,7 +27,9 @@ class Running:
   def __init__(self, m, **kw):
     import uvicorn
     slots, max_queue = kw.pop("slots", 4), kw.pop("max_queue", 64)
-    eng = factory.make_batcher(m, drafter="ngram", policy="adaptive", buckets=(0, 1, 2, 4), slots=slots,
+    # A fixed k: a seeded request's draws are then the same alone or among others (an adaptive k keeps the
+    # distribution, not the draws).
+    eng = factory.make_batcher(m, drafter="ngram", policy="fixed", k=2, slots=slots,
                                max_len=256, max_queue=max_queue, per_request=True)
     eng.warmup(64)
     self.worker = server.EngineWorker(eng, max_queue=max_queue)
@@ -128,7 +131,14 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(srv, tiny):
       (json.dumps({**ok, "frobnicate": 1}).encode(), "unknown field"),
       (json.dumps({**ok, "max_tokens": -5}).encode(), "max_tokens"),
       (json.dumps({**ok, "messages": "hi"}).encode(), "messages"),
-      (json.dumps({**ok, "temperature": 0.7}).encode(), "temperature"),
+      (json.dumps({**ok, "temperature": 2.5}).encode(), "temperature"),
+      (json.dumps({**ok, "top_p": 0}).encode(), "top_p"),
+      (json.dumps({**ok, "top_k": -3}).encode(), "top_k"),
+      (json.dumps({**ok, "top_k": 2.5}).encode(), "top_k"),
+      (json.dumps({**ok, "seed": -1}).encode(), "seed"),
+      (json.dumps({**ok, "seed": "abc"}).encode(), "seed"),
+      (json.dumps({**ok, "logprobs": 3}).encode(), "logprobs"),
+      (json.dumps({**ok, "top_logprobs": 2}).encode(), "top_logprobs"),
       (json.dumps({**ok, "messages": [{"role": "user", "content": "word " * 400}]}).encode(), "does not fit"),
   ]
   for body, needle in cases:
@@ -136,8 +146,68 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(srv, tiny):
     assert 400 <= r.status_code < 500, (needle, r.status_code, r.text)
     err = r.json()["error"]
     assert needle in err["message"], (needle, err)
+    if needle in ("temperature", "top_p", "top_k", "seed", "logprobs", "top_logprobs"):
+      assert err["param"] == needle, err
     assert httpx.post(url, json=ok, timeout=60).status_code == 200        # still serving
   assert httpx.get(f"{srv.url}/health").json()["status"] == "ok"
+
+
+SAMPLED = [{"temperature": 2.0, "seed": 7}, {"temperature": 1.5, "top_k": 5, "seed": 9}, {"temperature": 0.0},
+           {"temperature": 1.0, "top_p": 0.8, "seed": 11}]
+
+
+def _completion(c, url, prompt, settings):
+  body = {"prompt": prompt, "max_tokens": 16, "logprobs": 0, **settings}
+  return c.post(f"{url}/v1/completions", json=body)
+
+
+def test_requests_with_their_own_sampling_give_their_solo_tokens_together(srv, tiny):
+  """Each request alone, then all four at once (decoded in the same steps): the same text and logprobs."""
+  prompts = ["one two one two", "x", "abc abc", "tell me more"]
+  with httpx.Client(timeout=120) as c:
+    alone = [_completion(c, srv.url, p, s).json()["choices"][0] for p, s in zip(prompts, SAMPLED)]
+
+  async def together():
+    async with httpx.AsyncClient(timeout=120) as c:
+      return await asyncio.gather(*[c.post(f"{srv.url}/v1/completions",
+                                           json={"prompt": p, "max_tokens": 16, "logprobs": 0, **s})
+                                    for p, s in zip(prompts, SAMPLED)])
+
+  both = [r.json()["choices"][0] for r in asyncio.run(together())]
+  for a, b, s in zip(alone, both, SAMPLED):
+    assert a["text"] == b["text"], s
+    assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"] and a["logprobs"]["tokens"], s
+    assert all(lp <= 0 for lp in a["logprobs"]["token_logprobs"])
+    assert max(abs(x - y) for x, y in zip(a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"])) < 1e-4
+  assert alone[2]["text"] == _plain(tiny, prompts[2], 16, False)          # the greedy one: plain greedy's
+  with httpx.Client(timeout=120) as c:                                     # another seed: another sample
+    others = [_completion(c, srv.url, "x", {"temperature": 1.5, "seed": s}).json()["choices"][0]["text"]
+              for s in (1, 2, 3)]
+    chat = c.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 6, "logprobs": True}).json()
+  assert len(set(others)) > 1, others
+  assert alone[0]["text"] != _plain(tiny, prompts[0], 16, False) or alone[1]["text"] != _plain(tiny, prompts[1], 16, False)
+  content = chat["choices"][0]["logprobs"]["content"]
+  assert content and all(set(e) == {"token", "logprob", "bytes", "top_logprobs"} for e in content)
+
+
+def test_64_streaming_clients_with_mixed_sampling(srv):
+  """64 streaming clients at once, a quarter each greedy / temperature / top-p / top-k, each seeded: every
+  one served with a finish reason; latency percentiles and throughput reported."""
+  from specjax.serving import loadgen
+  trace = loadgen.mixed_sampling([{"arrival": 0.0, "prompt": f"story {i} " * (1 + i % 4), "max_tokens": 8}
+                                  for i in range(64)], seed=100)
+  rep = loadgen.run(srv.url, trace)
+  print(f"64 mixed clients: {rep['served']} served, {rep['tokens_per_s']:.1f} tok/s, ttft p50 "
+        f"{rep['ttft_s']['p50']:.3f}s p99 {rep['ttft_s']['p99']:.3f}s, itl p50 {rep['itl_s']['p50']:.4f}s "
+        f"p99 {rep['itl_s']['p99']:.4f}s")
+  assert rep["served"] == 64 and rep["failed"] == 0, rep["errors"]
+  assert sum(rep["finish_reasons"].values()) == 64 and set(rep["finish_reasons"]) <= {"stop", "length"}
+  assert 64 <= rep["tokens"] <= 64 * 8 and rep["tokens_per_s"] > 0
+  for q in (rep["ttft_s"], rep["itl_s"]):
+    assert 0 < q["p50"] <= q["p99"]
+  h = httpx.get(f"{srv.url}/health").json()
+  assert h["running"] == 0 and h["queued"] == 0
 
 
 def test_disconnect_mid_stream_frees_the_slot(srv, tiny):

@@ -45,6 +45,8 @@ def register(sub) -> dict:
   lg.add_argument("--category", action="append", default=None)
   lg.add_argument("--max-tokens", type=flags.COUNT, default=64)
   lg.add_argument("--seed", type=flags.NONNEG, default=0)
+  lg.add_argument("--mixed-sampling", action="store_true",
+                  help="send a mix of greedy and seeded sampled requests (temperature, top-p, top-k)")
   lg.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
   lg.add_argument("--json", action="store_true")
   return {"serve-sim": cmd_serve_sim, "serve": cmd_serve, "loadgen": cmd_loadgen}
@@ -128,6 +130,8 @@ def cmd_loadgen(args) -> int:
     raise SpecjaxError(f"--url must be a server's address like http://127.0.0.1:8000, got {args.url!r}")
   prompts = [p.text for p in load_prompts(args.prompts, args.category)]
   tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
+  if args.mixed_sampling:
+    tr = loadgen.mixed_sampling(tr, args.seed)
   rep = loadgen.run(args.url, tr, log=common.log)
   if args.plot:
     from specjax.serving import plots

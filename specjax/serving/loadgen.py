@@ -2,7 +2,9 @@
 
 Each request is sent at its arrival time (seconds after the start) as a streaming ``/v1/chat/completions``;
 the time of every server-sent chunk gives time to first token and the inter-token latency.  ``/metrics`` is
-polled every half second for the k the server's policy chose.
+polled every half second for the k the server's policy chose.  An item's ``sampling`` (temperature, top_p,
+top_k, seed) goes into its request's body: ``mixed_sampling`` gives a trace a mix of greedy and sampled
+requests, each seeded.
 """
 from __future__ import annotations
 
@@ -15,13 +17,22 @@ import numpy as np
 
 from specjax.serving.batcher import _pct
 
+# The mix ``--mixed-sampling`` cycles through: greedy, and sampled settings with each filter.
+MIX = ({"temperature": 0.0}, {"temperature": 0.7}, {"temperature": 1.0, "top_p": 0.9},
+       {"temperature": 0.8, "top_k": 20})
+
+
+def mixed_sampling(trace: list[dict], seed: int = 0) -> list[dict]:
+  """The trace with request i sampled by ``MIX[i % 4]`` and seeded (seed + i)."""
+  return [{**item, "sampling": {**MIX[i % len(MIX)], "seed": seed + i}} for i, item in enumerate(trace)]
+
 
 async def _one(client, url: str, item: dict, start: float, out: list) -> None:
   await asyncio.sleep(max(0.0, start + item["arrival"] - time.perf_counter()))
   sent = time.perf_counter()
-  times, text, error, tokens = [], [], None, 0
+  times, text, error, tokens, reason = [], [], None, 0, None
   body = {"messages": [{"role": "user", "content": item["prompt"]}], "max_tokens": item["max_tokens"],
-          "stream": True, "stream_options": {"include_usage": True}}
+          "stream": True, "stream_options": {"include_usage": True}, **item.get("sampling", {})}
   try:
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
       if resp.status_code != 200:
@@ -38,13 +49,17 @@ async def _one(client, url: str, item: dict, start: float, out: list) -> None:
             tokens = d["usage"]["completion_tokens"]
           if not d.get("choices"):
             continue
+          reason = d["choices"][0].get("finish_reason") or reason
           delta = d["choices"][0].get("delta", {}).get("content")
           if delta:
             times.append(time.perf_counter())
             text.append(delta)
   except Exception as e:  # noqa: BLE001 -- a failed request is counted, not fatal
     error = f"{type(e).__name__}: {e}"
-  out.append({"sent": sent, "times": times, "text": "".join(text), "error": error, "tokens": tokens})
+  if error is None and reason is None:
+    error = "the stream ended without a finish_reason"
+  out.append({"sent": sent, "times": times, "text": "".join(text), "error": error, "tokens": tokens,
+              "finish_reason": reason})
 
 
 async def _poll_k(client, url: str, start: float, stop: asyncio.Event, out: list) -> None:
@@ -76,14 +91,15 @@ async def _run(url: str, trace: list[dict]) -> dict:
     stop.set()
     await poller
     end = time.perf_counter()
-  ok = [o for o in out if not o["error"] and o["times"]]
+  ok = [o for o in out if not o["error"] and (o["times"] or o["tokens"] == 0)]
   ttft = [o["times"][0] - o["sent"] for o in ok]
   itl = [(o["times"][-1] - o["times"][0]) / (len(o["times"]) - 1) for o in ok if len(o["times"]) > 1]
   chunks = sum(len(o["times"]) for o in ok)
   tokens = sum(o["tokens"] for o in ok)
   return {"requests": len(trace), "served": len(ok), "failed": len(out) - len(ok),
           "errors": sorted({o["error"] for o in out if o["error"]})[:5], "wall_s": end - start,
-          "chunks": chunks, "tokens": tokens, "tokens_per_s": tokens / max(end - start, 1e-9),
+          "chunks": chunks, "tokens": tokens,
+          "finish_reasons": {k: sum(o["finish_reason"] == k for o in ok) for k in sorted({o["finish_reason"] for o in ok})}, "tokens_per_s": tokens / max(end - start, 1e-9),
           "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
           "itl_s": {"p50": _pct(itl, 50), "p90": _pct(itl, 90), "p99": _pct(itl, 99)},
           "k_over_time": ks, "mean_k": float(np.mean([k for _, k, _ in ks])) if ks else 0.0,
