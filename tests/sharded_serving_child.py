@@ -1,6 +1,7 @@
 """Run by tests/test_sharding.py with 8 host CPU devices: the continuous-batching engine over a 4x2 mesh
 (requests arriving while others decode, n-gram speculation with k = 3) gives each prompt the
-tokens plain greedy decoding gives it alone on one device; prints JSON."""
+tokens plain greedy decoding gives it alone on one device, in the server's per-request mode (each slot's
+sampling settings as sharded data, every row through the sampling rule); prints JSON."""
 import json
 import os
 import sys
@@ -20,7 +21,7 @@ with tempfile.TemporaryDirectory() as d:
   m = api.load(varied_tiny_gguf(Path(d) / "tiny.gguf"))
 plain = [api.generate(m, [p], max_new_tokens=12)[0][0].token_ids for p in PROMPTS]
 eng = factory.make_batcher(api.on_mesh(m, "4x2"), drafter="ngram", policy="fixed", k=3, buckets=(0, 3),
-                           slots=4, max_len=128)
+                           slots=4, max_len=128, per_request=True)
 eng.warmup(32)
 reqs = [bt.Request(m.tokenizer.encode_chat(p), 12, rid=i) for i, p in enumerate(PROMPTS)]
 pending = list(reqs)
