@@ -85,7 +85,34 @@ def filtered_logits(logits_BxV: jax.Array, rs: RowSampling) -> jax.Array:
   return jax.lax.cond(rs.any_filter, _filter, lambda x, rs: x, x, rs)
 
 
+# The filters look for their cut among the top candidates first (``lax.top_k``: ~50x cheaper than a sort of
+# a 49k vocabulary on a CPU); only when some row's cut lies further down (top-p over a flat distribution)
+# does the whole batch fall back to the sort.  Both give the same threshold.
+TOP_CANDIDATES = 1024
+
+
 def _filter(x, rs: RowSampling):
+  V = x.shape[-1]
+  C = min(TOP_CANDIDATES, V)
+  top = jax.lax.top_k(x, C)[0]                                                      # [..., C] descending
+  k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), x)
+  top_p = _per_row(rs.top_p_B, x)
+  idx = jnp.arange(C)
+  in_k = idx < k
+  # The nucleus is taken over the top-k filtered values: its normaliser is theirs (all of V without top-k).
+  log_z = jnp.where(k <= C, jax.nn.logsumexp(jnp.where(in_k, top, -jnp.inf), axis=-1, keepdims=True),
+                    jax.nn.logsumexp(x, axis=-1, keepdims=True))
+  probs = jnp.where(in_k, jnp.exp(top - log_z), 0.0)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep = in_k & ((mass_before < top_p) | (top_p >= 1.0))
+  no_filter = (k >= V) & (top_p >= 1.0)
+  # The cut is inside the candidates: within the top k <= C, or a candidate already has the nucleus' mass.
+  fits = no_filter | (k <= C) | jnp.any(in_k & ~keep, axis=-1, keepdims=True)
+  threshold = jnp.where(no_filter, -jnp.inf, jnp.min(jnp.where(keep, top, jnp.inf), axis=-1, keepdims=True))
+  return jax.lax.cond(jnp.all(fits), lambda x, rs: jnp.where(x < threshold, MASK_VALUE, x), _filter_by_sort, x, rs)
+
+
+def _filter_by_sort(x, rs: RowSampling):
   V = x.shape[-1]
   desc = jnp.sort(x, axis=-1)[..., ::-1]
   k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), x)

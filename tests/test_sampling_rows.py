@@ -51,3 +51,18 @@ def test_a_rows_draws_depend_on_its_key_alone(logits):
   freq = np.bincount(np.asarray(many), minlength=40) / 4000
   p = np.asarray(sampling.probs(logits[1:2], SETTINGS[1])[0])
   assert np.abs(freq - p).max() < 0.03
+
+
+@pytest.mark.parametrize("scale,peak", [(2.0, 12.0), (0.1, 0.0)], ids=["cut-among-the-top-candidates", "flat-falls-back-to-the-sort"])
+def test_the_candidate_filter_equals_the_static_one_on_a_large_vocabulary(scale, peak):
+  """V = 2000 > TOP_CANDIDATES: a peaked distribution is cut among the top candidates, a flat one's nucleus lies
+  further down and the batch falls back to the sort; either way each row equals ``sampling.probs``."""
+  x = np.random.default_rng(1).standard_normal((len(SETTINGS), 3, 2000)) * scale
+  x[..., :20] += peak
+  x = jnp.asarray(x, jnp.float32)
+  assert x.shape[-1] > sampling_rows.TOP_CANDIDATES
+  got = np.asarray(sampling_rows.probs(x, sampling_rows.RowSampling.of(SETTINGS)))
+  for b, sp in enumerate(SETTINGS):
+    want = np.asarray(sampling.probs(x[b], sp))
+    np.testing.assert_allclose(got[b], want, atol=1e-6, err_msg=str(sp))
+    np.testing.assert_array_equal(got[b] > 0, want > 0, err_msg=str(sp))

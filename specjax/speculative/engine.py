@@ -16,6 +16,11 @@ With N = 0 and ``NoDrafter`` this is plain autoregressive decoding: baselines ru
 ``generate`` runs prefill and the whole loop on device (``lax.while_loop``); ``init`` + ``decode_loop`` are the
 same in two calls (benchmarks time decoding apart from prefill); ``init`` + ``spec_step`` are the
 step-at-a-time API for a host-side scheduler (k_active is data: changing it compiles nothing).
+
+``Engine(per_row=True)`` reads each sequence's sampling settings and PRNG key from the state
+(``SpecState.rows``, a ``sampling_rows.RowState`` given to ``init``): rows with different temperatures, top-k,
+top-p and seeds share one compiled step, each drawing from its own key folded with its token count, and each
+committed token's log-probability is recorded.
 """
 from __future__ import annotations
 
