@@ -109,10 +109,52 @@ def _filter(x, rs: RowSampling):
   # The cut is inside the candidates: within the top k <= C, or a candidate already has the nucleus' mass.
   fits = no_filter | (k <= C) | jnp.any(in_k & ~keep, axis=-1, keepdims=True)
   threshold = jnp.where(no_filter, -jnp.inf, jnp.min(jnp.where(keep, top, jnp.inf), axis=-1, keepdims=True))
-  return jax.lax.cond(jnp.all(fits), lambda x, rs: jnp.where(x < threshold, MASK_VALUE, x), _filter_by_sort, x, rs)
+  return jax.lax.cond(jnp.all(fits), lambda x, rs: jnp.where(x < threshold, MASK_VALUE, x), _filter_by_search,
+                      x, rs)
+
+
+def _ordered_bits(x):
+  """float32 → int32 with the same order (negative floats: every bit but the sign flipped)."""
+  i = jax.lax.bitcast_convert_type(x, jnp.int32)
+  return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
+
+
+def _smallest(pred, shape):
+  """Per row, the smallest int32 t with pred(t) [..., 1] true (pred monotone: false below, true from t on),
+  by bisection over the int32 range (32 halvings)."""
+  lo = jnp.full(shape, jnp.iinfo(jnp.int32).min, jnp.int32)       # pred(lo) may be true: the answer is lo
+  hi = jnp.full(shape, jnp.iinfo(jnp.int32).max, jnp.int32)       # pred(hi) is true
+
+  def body(_, lh):
+    lo, hi = lh
+    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)                    # floor((lo + hi) / 2) without overflow
+    ok = pred(mid)
+    return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+  return jax.lax.fori_loop(0, 32, body, (lo, hi))[1]
+
+
+def _filter_by_search(x, rs: RowSampling):
+  """The cuts of ``_filter_by_sort`` found by bisection on the values' bits, per row: the k-th largest value
+  is the largest t with count(x ≥ t) ≥ k, and the nucleus's smallest value is the smallest t with
+  mass(x > t) < top_p.  32 masked sums over V each, against a sort of V."""
+  V = x.shape[-1]
+  bits = _ordered_bits(x)
+  shape = x.shape[:-1] + (1,)
+  k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), x)
+  # kth: largest t with count(bits >= t) >= k  ==  (smallest t with count(bits >= t + 1) < k)
+  kth_bits = _smallest(lambda t: jnp.sum(bits >= t + 1, axis=-1, keepdims=True) < k, shape)
+  kth_bits = jnp.where(k < V, kth_bits, jnp.iinfo(jnp.int32).min)
+  in_k = bits >= kth_bits
+  xk = jnp.where(in_k, x, MASK_VALUE)
+  p = jax.nn.softmax(xk, axis=-1)
+  top_p = _per_row(rs.top_p_B, x)
+  cut_bits = _smallest(lambda t: jnp.sum(jnp.where(bits > t, p, 0.0), axis=-1, keepdims=True) < top_p, shape)
+  cut_bits = jnp.where(top_p < 1.0, jnp.maximum(cut_bits, kth_bits), kth_bits)
+  return jnp.where(in_k & (bits >= cut_bits), x, MASK_VALUE)
 
 
 def _filter_by_sort(x, rs: RowSampling):
+  """The reference of the per-row cut (a sort of the vocabulary)."""
   V = x.shape[-1]
   desc = jnp.sort(x, axis=-1)[..., ::-1]
   k = _per_row(jnp.where((rs.top_k_B > 0) & (rs.top_k_B < V), rs.top_k_B, V), x)

@@ -66,3 +66,18 @@ def test_the_candidate_filter_equals_the_static_one_on_a_large_vocabulary(scale,
     want = np.asarray(sampling.probs(x[b], sp))
     np.testing.assert_allclose(got[b], want, atol=1e-6, err_msg=str(sp))
     np.testing.assert_array_equal(got[b] > 0, want > 0, err_msg=str(sp))
+
+
+def test_the_bisection_cut_equals_the_sort_cut():
+  """The fallback for cuts outside the top candidates (bisection on the values' bits) keeps the tokens the
+  reference sort keeps, row by row, ties included (a nucleus cut can differ from the sort's only where
+  summation rounding decides it, a token of ~1e-9 mass at top-p 0.999; not reached by these settings)."""
+  settings = SETTINGS + [sampling.SamplingParams(1.0, 700, 0.95), sampling.SamplingParams(1.3, 0, 0.3)]
+  rs = sampling_rows.RowSampling.of(settings)
+  x = np.random.default_rng(2).standard_normal((len(settings), 4, 3000)).astype(np.float32)
+  x[:, :, 7] = x[:, :, 8]                                                         # a tie
+  x = jnp.asarray(x)
+  got = np.asarray(sampling_rows._filter_by_search(x, rs)) > -1e30
+  want = np.asarray(sampling_rows._filter_by_sort(x, rs)) > -1e30
+  np.testing.assert_array_equal(got, want)
+  assert 0 < got[3].sum() < want[0].sum()                          # the cuts did cut (and not everything)
