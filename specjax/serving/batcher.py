@@ -333,9 +333,10 @@ class ContinuousBatcher:
     return committed + got
 
   def _read_back(self, now: float, offered, live=None) -> int:
-    seq, num_new, done, accepted = jax.device_get((self.state.seq_BxS, self.state.num_new_B, self.state.done_B,
-                                                   self.state.stats.accepted_B))
-    logprob = jax.device_get(self.state.rows.logprob_BxS) if self.per_request else None
+    # One transfer per step; the per-request mode's logprobs come with the tokens.
+    seq, num_new, done, accepted, logprob = jax.device_get((
+        self.state.seq_BxS, self.state.num_new_B, self.state.done_B, self.state.stats.accepted_B,
+        self.state.rows.logprob_BxS if self.per_request else None))
     if offered is not None:
       self.tracker.update(live, offered, accepted - self._accepted)
     self._accepted = accepted.astype(np.int64)
