@@ -374,7 +374,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}, {repeats} repeat(s), "
       f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
-            "prompts": len(prompts), "dtype": str(jax.tree_util.tree_leaves(m.params)[0].dtype),
+            "prompts": len(prompts), "dtype": str(m.dtype), "weights": m.weights,
             "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": provenance.describe(),
             "mesh": None if m.mesh is None else "x".join(map(str, m.mesh.devices.shape))}
   log(f"[bench] machine: {provenance.short(result['machine'])}")

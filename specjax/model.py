@@ -30,8 +30,8 @@ import numpy as np
 
 import pallas_kernels
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_attention, cpu_matmul, dispatch
-from specjax import sharding
+from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, dispatch
+from specjax import quant, sharding
 from specjax.kv_cache import KVCache
 
 Params = dict[str, Any]
@@ -151,10 +151,13 @@ def stack_layers(params: Params) -> Params:
 
 
 def param_bytes(params: Params) -> int:
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params)))
+  return quant.param_bytes(params)
 
 
 def cast_params(params: Params, dtype) -> Params:
+  if quant.holds_quantized(params):
+    raise ValueError("cast_params: the parameters hold quantized weights; load the model in fp32 to change "
+                     "their dtype")
   return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
@@ -168,13 +171,14 @@ def backends_of(cfg: ModelConfig) -> dispatch.Backends:
   return cfg.backends if cfg.backends is not None else dispatch.resolve(sharding.current())
 
 
-def linear(x_BxTxD: jax.Array, w_NxD: jax.Array, live_T=None, backends: dispatch.Backends | None = None) -> jax.Array:
-  """x · wᵀ for a weight stored [out, in]: the native CPU kernel for decode-sized inputs (where ``backends``
-  allow it), else XLA.  ``live_T`` (traced): only the first live_T tokens of each sequence matter; the rest
-  come out zero."""
+def linear(x_BxTxD: jax.Array, w_NxD, live_T=None, backends: dispatch.Backends | None = None) -> jax.Array:
+  """x · wᵀ for a weight stored [out, in] (an array or a ``quant.QWeight``): the native CPU kernel for
+  decode-sized inputs (where ``backends`` allow it), else XLA.  ``live_T`` (traced): only the first live_T
+  tokens of each sequence matter; the rest come out zero."""
   B, T, D = x_BxTxD.shape
-  return cpu_matmul.matmul_t(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T,
-                             backends or dispatch.resolve(sharding.current())).reshape(B, T, w_NxD.shape[0])
+  backends = backends or dispatch.resolve(sharding.current())
+  matmul = cpu_qmatmul.qmatmul_t if quant.is_quantized(w_NxD) else cpu_matmul.matmul_t
+  return matmul(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T, backends).reshape(B, T, w_NxD.shape[0])
 
 
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
@@ -343,11 +347,11 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   S = cache.max_len
   W = S if kv_window is None else min(int(kv_window), S)
-  dtype = params["embed"].dtype
+  dtype = quant.activation_dtype(params)
   lengths = cache.lengths
 
   if inputs_embeds_BxTxD is None:
-    x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0)
+    x_BxTxD = quant.embed_rows(params["embed"], tokens_BxT, dtype)
   else:
     x_BxTxD = inputs_embeds_BxTxD.astype(dtype)
   cos, sin = rope_tables(cfg, positions_BxT)

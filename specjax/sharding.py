@@ -24,12 +24,14 @@ heads on 8 devices still runs, with less sharding); ``spec_for`` says what each 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax import quant
 from specjax.errors import SpecjaxError
 
 AXES = ("data", "model")
@@ -98,9 +100,26 @@ def _leaf_name(path) -> str:
   return str(keys[-1]) if keys else ""
 
 
+def _quantized_specs(name: str, w: quant.QWeight, mesh: Mesh) -> quant.QWeight:
+  """A quantized weight's specs: the data as its matrix's rule; the scales with their rows (int8: one per
+  output row, so the rule's row axis; int4: [rows, groups], so the whole rule)."""
+  rule = RULES.get(name)
+  if rule is None:
+    return dataclasses.replace(w, data=P(), scale=None if w.scale is None else P())
+  scale = None
+  if w.scale is not None:
+    scale = _fit(rule[:1] if w.kind == "int8" else rule, w.scale.shape, mesh)
+  return dataclasses.replace(w, data=_fit(rule, w.data.shape, mesh), scale=scale)
+
+
 def param_specs(params, mesh: Mesh):
-  """The PartitionSpec of every parameter (same tree structure as ``params``)."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: spec_for(_leaf_name(p), x.shape, mesh), params)
+  """The PartitionSpec of every parameter (same tree structure as ``params``; a quantized weight's data and
+  scales each get one)."""
+  def one(path, x):
+    if quant.is_quantized(x):
+      return _quantized_specs(_leaf_name(path), x, mesh)
+    return spec_for(_leaf_name(path), x.shape, mesh)
+  return jax.tree_util.tree_map_with_path(one, params, is_leaf=quant.is_quantized)
 
 
 def shard_params(params, mesh: Mesh):

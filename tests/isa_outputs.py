@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import cpu_attention, cpu_matmul, native
+from specjax import quant
+from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, native
 
 
 def _inputs():
@@ -33,15 +34,21 @@ def _inputs():
     mask = np.tril(np.ones((T, T), bool))[None].repeat(B, 0)
     mask &= (r.random((B, T, T)) < 0.6) | np.eye(T, dtype=bool)[None]
     atts.append((q, k, v, lengths, jnp.asarray(mask)))
-  return mats, atts
+  quants = []
+  for kind, (M, N, D) in [("bf16", (3, 37, 101)), ("int8", (5, 45, 100)), ("int4", (2, 70, 128)),
+                          ("int4", (7, 9, 64))]:
+    quants.append((jnp.asarray(r.standard_normal((M, D)), jnp.float32),
+                   quant.quantize(kind, r.standard_normal((N, D)).astype(np.float32), 64 if D == 128 else 32)))
+  return mats, atts, quants
 
 
 def outputs() -> dict[str, np.ndarray]:
   """{'<path>/matmul/<i>' or '<path>/attention/<i>': output} for each path the library can run."""
   if not native.available():
     raise SystemExit("the native CPU kernels are not available here")
-  mats, atts = _inputs()
+  mats, atts, quants = _inputs()
   mm = jax.jit(cpu_matmul.matmul_t_native)
+  qmm = jax.jit(cpu_qmatmul.qmatmul_t_native)
   att = jax.jit(cpu_attention.attend_cache_native)
   out = {}
   best = native.detected_isa()
@@ -51,6 +58,8 @@ def outputs() -> dict[str, np.ndarray]:
       out[f"{path}/matmul/{i}"] = np.asarray(mm(x, w))
     for i, (q, k, v, lengths, mask) in enumerate(atts):
       out[f"{path}/attention/{i}"] = np.asarray(att(q, k, v, 0, lengths, mask))
+    for i, (x, w) in enumerate(quants):
+      out[f"{path}/qmatmul/{i}"] = np.asarray(qmm(x, w))
   native.set_isa(best)
   return out
 

@@ -2,7 +2,8 @@
 vector intrinsics from SIMDe's portable C (isa.h), so every path's tests run on any x86-64 machine.
 
 Two checks, each in a subprocess (a process loads one kernel library):
-1. the per-path tests of test_cpu_isa.py and the per-path live-row test pass with every path emulated;
+1. the per-path tests of test_cpu_isa.py, the per-path live-row test and the quantized kernel's per-path tests
+   (test_quant.py) pass with every path emulated;
 2. the emulation computes the hardware's bits: each path this CPU really has gives the same outputs, bit for
    bit, emulated and native (AVX2 on an AVX2 machine; AVX2 and AVX-512 on an AVX-512 one).  The emulated
    `_mm512_reduce_add_ps` adds in GCC's order (isa.h); a library built by another compiler may differ there.
@@ -36,7 +37,8 @@ def _emulated_env():
 def test_every_path_passes_its_tests_under_emulation():
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
-       "tests/test_cpu_isa.py", "tests/test_cpu_matmul.py::test_live_rows_per_group"],
+       "tests/test_cpu_isa.py", "tests/test_cpu_matmul.py::test_live_rows_per_group",
+       "tests/test_quant.py::test_kernel_equals_reference", "tests/test_quant.py::test_kernel_live_rows_and_row_bits"],
       cwd=ROOT, env=_emulated_env(), capture_output=True, text=True, timeout=900)
   tail = proc.stdout[-3000:] + proc.stderr[-2000:]
   assert proc.returncode == 0, tail

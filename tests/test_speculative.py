@@ -64,16 +64,16 @@ def test_greedy_output_equals_plain_greedy(target, name):
   base, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new)
   eos = (base[1][6],)   # stop sequence 1 early, mid-iteration
   base_eos, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new, eos=eos)
-  for K in (1, 4, 8):
+  for K in (1, 6):      # one draft slot, and several (each K compiles the 30-odd-op step once more)
     out, st = _run(target, drafter, dparams, K, PROMPTS, LENS, max_new)
     assert out == base, (name, K)
-    if K == 4:
+    if K == 6:
       out, _ = _run(target, drafter, dparams, K, PROMPTS, LENS, max_new, eos=eos)
       assert out == base_eos, (name, K)
     s = st.stats
     assert int(s.accepted_B.sum()) <= int(s.drafted_B.sum())
     assert np.all(np.asarray(s.pos_accepted_K) <= np.asarray(s.pos_reached_K))
-  if name in ("self", "hybrid_self") and K == 8:
+  if name in ("self", "hybrid_self") and K == 6:
     assert int(s.accepted_B.sum()) > 0
   if name == "self":
     assert int(s.accepted_B.sum()) == int(s.drafted_B.sum()) > 0
@@ -146,19 +146,19 @@ MICRO_PROMPT = [1, 2, 3]
 N_SAMPLES = 20_000
 
 
-def _micro_params(seed):
-  p = model.init_params(MICRO, jax.random.PRNGKey(seed))
+def _micro_params(seed, cfg=MICRO):
+  p = model.init_params(cfg, jax.random.PRNGKey(seed))
   p["embed"] = p["embed"] * 0.3      # softer distributions: many tokens have real probability
   return p
 
 
-def _exact_joint(params, sp):
+def _exact_joint(params, sp, cfg=MICRO):
   """p(t1, t2, t3) of plain sampling, by enumerating every prefix (V^2 forwards, one batch)."""
-  V = MICRO.vocab_size
+  V = cfg.vocab_size
   pairs = np.array(list(itertools.product(range(V), repeat=2)), np.int32)           # [V^2, 2]
   toks = np.concatenate([np.tile(MICRO_PROMPT, (len(pairs), 1)), pairs], axis=1)     # [V^2, 5]
-  cache = kv_cache.init_cache(MICRO, len(toks), 8)
-  logits = model.forward(params, MICRO, jnp.asarray(toks), jnp.broadcast_to(jnp.arange(5), toks.shape),
+  cache = kv_cache.init_cache(cfg, len(toks), 8)
+  logits = model.forward(params, cfg, jnp.asarray(toks), jnp.broadcast_to(jnp.arange(5), toks.shape),
                          cache).logits
   probs = lambda lg: np.asarray(sampling.probs(lg, sp), np.float64)
   p1 = probs(logits[0, 2][None])[0]                                                  # [V]
@@ -167,11 +167,11 @@ def _exact_joint(params, sp):
   return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def _spec_samples(target, draft, sp, K=2, acceptance=None, drafter=None):
-  drafter = drafter or ModelDrafter(MICRO)
-  eng = Engine(cfg=MICRO, drafter=drafter, k_max=K, sp=sp, acceptance=acceptance)
+def _spec_samples(target, draft, sp, K=2, acceptance=None, drafter=None, cfg=MICRO):
+  drafter = drafter or ModelDrafter(cfg)
+  eng = Engine(cfg=cfg, drafter=drafter, k_max=K, sp=sp, acceptance=acceptance)
   B = N_SAMPLES
-  cache = kv_cache.init_cache(MICRO, B, 16)
+  cache = kv_cache.init_cache(cfg, B, 16)
   prompt = jnp.tile(jnp.asarray(MICRO_PROMPT, jnp.int32), (B, 1))
   st = generate(target, draft, cache, prompt, jnp.full((B,), 3), jnp.full((B,), 3), jnp.full((B,), K),
                 jax.random.PRNGKey(1234), engine=eng)
@@ -215,11 +215,12 @@ def test_speculative_sampling_is_lossless(sp):
   p_ngram = _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2)), joint)
   # hybrid: a 1-token match is common among 12 tokens, so lookup, model and mixed steps all occur
   p_hybrid = _chi2_pvalue(_spec_samples(target, draft, sp, drafter=HybridDrafter(_SyncingModel(MICRO), 1)), joint)
-  p_broken = _chi2_pvalue(_spec_samples(target, draft, sp, acceptance=AcceptAlways()), joint)
   assert p_model > 1e-3, p_model
   assert p_ngram > 1e-3, p_ngram
   assert p_hybrid > 1e-3, p_hybrid
-  assert p_broken < 1e-6, p_broken        # the test has power: a wrong rule is caught
+  if sp.top_k == 0:                       # once is enough to show the test has power: a wrong rule is caught
+    p_broken = _chi2_pvalue(_spec_samples(target, draft, sp, acceptance=AcceptAlways()), joint)
+    assert p_broken < 1e-6, p_broken
 
 
 def test_plain_sampling_matches_exact_joint():

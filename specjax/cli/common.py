@@ -47,6 +47,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                  help="weights, KV buffers and activations (logits and softmax statistics stay fp32); auto: "
                       "bfloat16 on GPU and TPU, float32 on the CPU")
+  p.add_argument("--weights", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
+                 help="the weights' type, quantized at load and dequantized inside the matmuls (int8: a scale "
+                      "per output row; int4: per group of 32 inputs, embedding and head int8); auto: --dtype's")
+  p.add_argument("--draft-weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
+                 help="the draft model's weight type (default: --weights)")
   p.add_argument("--max-len", type=flags.COUNT, default=None,
                  help="KV cache positions per sequence (default: generate and bench size them to the longest "
                       "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
@@ -148,8 +153,9 @@ def load_model(args):
     from specjax import sharding
     sharding.make_mesh(args.mesh)
   dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
-  log(f"[specjax] loading {args.model} ({dtype})")
-  m = api.load(args.model, dtype=dtype)
+  weights = getattr(args, "weights", "auto")
+  log(f"[specjax] loading {args.model} ({dtype}{'' if weights == 'auto' else f', {weights} weights'})")
+  m = api.load(args.model, dtype=dtype, weights=weights)
   log(f"[specjax] loaded in {m.load_s:.1f}s")
   return m
 
@@ -174,7 +180,8 @@ def load_draft(args):
   if not args.draft:
     return None
   log(f"[specjax] loading draft {args.draft}")
-  d = api.load(args.draft, dtype=args.dtype)
+  weights = getattr(args, "draft_weights", None) or getattr(args, "weights", "auto")
+  d = api.load(args.draft, dtype=args.dtype, weights=weights)
   log(f"[specjax] loaded the draft in {d.load_s:.1f}s")
   return d
 

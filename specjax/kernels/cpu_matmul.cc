@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "isa.h"
 #include "parallel.h"
+#include "rows.h"
 #include "xla/ffi/api/ffi.h"
 
 
@@ -247,26 +249,9 @@ void RowBlock(const Task& t, int64_t n0, int64_t n1) {
   RowBlockPortable(t, n0, n1);
 }
 
-// Rows of w are split into 4 blocks per thread (a multiple of 4 rows, at least 8), taken in turn by the caller
-// and the helper threads (see parallel.h: they stay awake between the back-to-back kernels of a step, so no
-// call waits for a wake-up).  Few long blocks keep each thread on one sequential stream for longer: on a
-// 2-core Zen 3 this streamed the real model's matrices ~5% faster than blocks of 64 rows, at 1 and 5 rows;
-// four per thread still lets a thread that started late catch up.  Block bounds are multiples of 4, so
-// which rows take the tile loops (and so a row's bits) does not depend on the thread count.
-void RunParts(const Task& t, int64_t threads) {
-  constexpr int64_t kBlocksPerThread = 4;
-  const int64_t parts = kBlocksPerThread * std::max<int64_t>(threads, 1);
-  const int64_t block = std::max<int64_t>(8, ((t.N + parts - 1) / parts + 3) / 4 * 4);
-  const int64_t blocks = (t.N + block - 1) / block;
-  specjax::ParallelFor(threads, blocks, true, [&t, block](int64_t i) {
-    RowBlock(t, i * block, std::min(t.N, (i + 1) * block));
-  });
-}
-
-// rows = [group, live] or [group, live_0, ..., live_{M/group - 1}]: x's rows come in groups of `group` (a
-// sequence's new tokens) of which only the first `live` (one count for all groups, or one per group) matter;
-// the rest (draft slots nobody proposed this step, a finished sequence, an empty serving slot) are set to
-// zero in y and cost nothing.
+// The rows of x that matter come from `rows` (rows.h: draft slots nobody proposed this step, a finished
+// sequence, an empty serving slot are set to zero in y and cost nothing); the rows of w are split over the
+// caller and the helper threads (rows.h).
 ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
@@ -276,38 +261,15 @@ ffi::Error MatmulT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     return ffi::Error::InvalidArgument(
         "specjax_matmul_t expects x [M, D], w [N, D] and rows [group, live...]");
   }
-  const int64_t all = xd[0], N = wd[0], D = xd[1];
-  const int32_t* rd = rows.typed_data();
-  const int64_t group = std::max<int64_t>(rd[0], 1);
-  const int64_t groups = (all + group - 1) / group;
-  if (n_rows != 2 && n_rows != 1 + groups) {
-    return ffi::Error::InvalidArgument("specjax_matmul_t: rows must hold one live count, or one per group");
+  const int64_t N = wd[0], D = xd[1];
+  specjax::LiveRows live;
+  if (const char* bad = live.Collect(rows.typed_data(), n_rows, xd[0], N, y->typed_data())) {
+    return ffi::Error::InvalidArgument(std::string("specjax_matmul_t: ") + bad);
   }
-  auto live_of = [&](int64_t r) {
-    return std::clamp<int64_t>(n_rows == 2 ? rd[1] : rd[1 + r / group], 0, group);
-  };
-  int64_t row_store[64];
-  std::vector<int64_t> row_heap;
-  int64_t* row = row_store;
-  if (all > 64) {
-    row_heap.resize(all);
-    row = row_heap.data();
-  }
-  int64_t M = 0;
-  for (int64_t r = 0; r < all; ++r) {
-    if (r % group < live_of(r)) {
-      row[M++] = r;
-    } else {
-      std::fill_n(y->typed_data() + r * N, N, 0.0f);
-    }
-  }
-  Task t{x.typed_data(), w.typed_data(), y->typed_data(), row, M, N, D};
-  if (M == 0) return ffi::Error::Success();
-  if (M * N * D < (int64_t{1} << 16)) {
-    RowBlock(t, 0, N);  // too small to be worth splitting
-  } else {
-    RunParts(t, pool.num_threads());
-  }
+  Task t{x.typed_data(), w.typed_data(), y->typed_data(), live.rows(), live.count(), N, D};
+  if (t.M == 0) return ffi::Error::Success();
+  specjax::RunRowBlocks(N, t.M * N * D, pool.num_threads(),
+                        [&t](int64_t n0, int64_t n1) { RowBlock(t, n0, n1); });
   return ffi::Error::Success();
 }
 

@@ -6,6 +6,11 @@
                     at most MATMUL_NATIVE_MAX_ROWS rows (more rows: by the
                     live-row count at run time)
             xla     otherwise
+  qmatmul   native  CPU, float32 activations, unsharded, built, at most   cpu_qmatmul.qmatmul_t_reference
+  (bf16,            MATMUL_NATIVE_MAX_ROWS rows (more: by live rows); not
+  int8,             measured per size: XLA's alternative widens the whole
+  int4 weights)     matrix to fp32 on every call, reading it twice over
+            xla     otherwise: dequantize fused into the dot (accelerators, prefill-sized blocks, a mesh)
   attention native  the platform path is "native" (CPU), T <= ATTENTION_NATIVE_MAX_ROWS, float32 queries and
                     cache, unsharded, built, measured (or forced) faster   cpu_attention.attend_cache_reference
             pallas  the platform path is "pallas" (GPU, TPU) and T <= PALLAS_MAX_ROWS
@@ -64,6 +69,7 @@ class Backends:
   attention      "native" (the C++ kernel is built and measured faster), "pallas" or "xla": what a forward of
                  few rows runs (more rows, other dtypes: XLA, by the rules below)
   native_matmul  the weight-size classes (``choices.CLASSES``) whose few-row matmuls take the C++ kernel
+  native_quant   whether few-row matmuls with quantized weights (``quant.QWeight``) take the C++ kernel
   mesh           the mesh the parameters are sharded over (None: one device); the native kernels step aside
                  on a mesh of several devices (GSPMD cannot split a custom call) and Pallas attention runs
                  per shard
@@ -71,6 +77,7 @@ class Backends:
   attention: str = "xla"
   native_matmul: frozenset = frozenset()
   mesh: Any = None
+  native_quant: bool = False
 
   @property
   def distributed(self) -> bool:
@@ -87,7 +94,7 @@ def resolve(mesh=None, platform: str | None = None) -> Backends:
   if attention_path == "native" and not (native_ok and choices.attention_native()):
     attention_path = "xla"
   classes = frozenset(name for name, _, (N, D) in choices.CLASSES if native_ok and choices.matmul_native(N, D))
-  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh)
+  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh, native_quant=native_ok)
 
 
 def native_attention_applies(backends: Backends, T: int, q_dtype, cache_dtype) -> bool:
@@ -112,6 +119,11 @@ def skips_dead_rows(backends: Backends, dtype) -> bool:
   computed and then zeroed, so a scheduler must price every row."""
   return (not backends.distributed and bool(backends.native_matmul)
           and jnp.dtype(dtype) == jnp.float32)
+
+
+def native_quant_applies(backends: Backends, x_dtype) -> bool:
+  """Whether x · wᵀ with a quantized weight may take the native CPU kernel (row count aside)."""
+  return backends.native_quant and x_dtype == jnp.float32
 
 
 def native_matmul_applies(backends: Backends, x_dtype, w_dtype, N: int, D: int) -> bool:

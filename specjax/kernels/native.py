@@ -27,7 +27,9 @@ from specjax import settings
 from specjax.cache_location import kernel_dir
 
 # FFI target name -> exported handler symbol.
-TARGETS = {"specjax_matmul_t": "SpecjaxMatmulT", "specjax_attend_cache": "SpecjaxAttendCache"}
+TARGETS = {"specjax_matmul_t": "SpecjaxMatmulT", "specjax_attend_cache": "SpecjaxAttendCache",
+           "specjax_qmatmul_bf16": "SpecjaxQMatmulBf16", "specjax_qmatmul_int8": "SpecjaxQMatmulInt8",
+           "specjax_qmatmul_int4": "SpecjaxQMatmulInt4"}
 _SOURCES = sorted(Path(__file__).parent.glob("*.cc"))
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # No -march=native: the library is built for its architecture's baseline, and each fast path (AVX-512F,

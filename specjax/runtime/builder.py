@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import jax
 
-from specjax import buffers, model as model_lib, sampling
+from specjax import buffers, model as model_lib, quant, sampling
 from specjax import speculative as spec
 from specjax.buffers import DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
@@ -89,7 +89,8 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
 
 
 def default_draft_model(m: Model) -> Model:
-  """The registry's draft for the target ``m`` (loaded once, in the target's dtype, and kept with it)."""
+  """The registry's draft for the target ``m`` (loaded once, in the target's dtype and weight type, and kept
+  with it)."""
   from specjax.checkpoints import registry
   name = registry.default_draft(m.source)
   if name is None:
@@ -98,7 +99,8 @@ def default_draft_model(m: Model) -> Model:
   key = ("default-draft", name)
   if key not in m._compiled:
     say(f"drafter 'model': loading the registry's draft for {m.source}, {name}")
-    m._compiled[key] = load(name, dtype=str(m.dtype))
+    m._compiled[key] = (load(name, dtype=str(m.dtype), weights=m.weights) if quant.holds_quantized(getattr(m, "params", {}))
+                        else load(name, dtype=str(m.dtype)))
   return m._compiled[key]
 
 

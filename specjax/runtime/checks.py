@@ -34,7 +34,7 @@ def memory_bill(m: "Model", max_len: int, nodes: int, draft_cfg=None, sampling_:
   drafter's state (``drafter``'s own account when given, else a draft model's cache from ``draft_cfg``),
   token ids, the logits workspace and the weights."""
   dtype = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}.get(
-      jnp.dtype(jax.tree_util.tree_leaves(m.params)[0].dtype), "float32")
+      m.dtype, "float32")
   state = None if drafter is None else drafter.state_bytes_per_seq(max_len)
   return memory.kv_bill(m.cfg, max_len, nodes, draft_cfg, dtype, sampling_, draft_state_per_seq=state)
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib
+from specjax import model as model_lib, quant
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
@@ -48,8 +48,14 @@ class Model:
 
   @property
   def dtype(self):
-    """The dtype of the weights, which the KV buffers and activations follow (``--dtype``)."""
-    return jnp.dtype(jax.tree_util.tree_leaves(self.params)[0].dtype)
+    """The dtype the activations and the KV buffers run in (``--dtype``; the weights' own with fp32 or bf16
+    weights, else ``quant.activation_dtype``)."""
+    return quant.activation_dtype(self.params)
+
+  @property
+  def weights(self) -> str:
+    """The layer matrices' weight type: fp32, bf16, int8 or int4 (``--weights``)."""
+    return quant.weights_kind(self.params)
 
   @property
   def weight_bytes(self) -> int:
@@ -89,13 +95,27 @@ def default_dtype(backend: str | None = None) -> str:
   return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def load(name_or_path: str, dtype: str = "auto") -> Model:
-  """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory, with
-  weights (and so KV buffers and activations) in ``dtype``: float32, bfloat16 or auto (``default_dtype``)."""
+def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model:
+  """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory.
+
+  ``dtype``: the activations and KV buffers (and, with ``weights="auto"``, the weights): float32, bfloat16
+  or auto (``default_dtype``).  ``weights``: auto (= ``dtype``), fp32, bf16, int8 or int4: the layer
+  matrices, embedding and head quantized at load (``quant.py`` says the policy and the formats), then
+  dequantized inside the matmuls.  Quantized weights need float32 activations on the CPU."""
   if dtype == "auto":
     dtype = default_dtype()
   if dtype not in _DTYPES:
     raise SpecjaxError(f"unknown dtype '{dtype}': use one of auto, {', '.join(sorted(_DTYPES))}")
+  weights = {"float32": "fp32", "bfloat16": "bf16"}.get(weights, weights)
+  if weights not in ("auto", *quant.KINDS):
+    raise SpecjaxError(f"unknown weight type '{weights}': use one of auto, {', '.join(quant.KINDS)}")
+  act = jnp.dtype(_DTYPES[dtype])
+  if weights == "fp32" and act == jnp.bfloat16:
+    raise SpecjaxError("fp32 weights with bfloat16 activations: use --dtype float32, or --weights bf16")
+  quantize_to = None if weights in ("auto", "fp32") or (weights == "bf16" and act == jnp.bfloat16) else weights
+  if quantize_to is not None and act != quant.compute_dtype():
+    raise SpecjaxError(f"--weights {weights} runs with {quant.compute_dtype().name} activations on "
+                       f"{jax.default_backend()}: drop --dtype {dtype} (or use auto)")
   from specjax import compile_cache
   from specjax.kernels import native
   from specjax.checkpoints import resolve
@@ -103,6 +123,8 @@ def load(name_or_path: str, dtype: str = "auto") -> Model:
   resolve(name_or_path)     # a bad name or path fails here, before anything starts in the background
   native.start_build()      # a first run compiles the CPU kernels while the weights load
   loaded = load_model(name_or_path, dtype=_DTYPES[dtype])
+  if quantize_to is not None:
+    loaded = dataclasses.replace(loaded, params=quant.quantize_params(loaded.params, quantize_to))
   compile_cache.enable()    # registers the kernels before any cached executable can be read
   from specjax.measure import kernel_paths
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced

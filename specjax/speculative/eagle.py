@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import decode, model as model_lib
+from specjax import decode, model as model_lib, quant
 from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache, init_cache
 from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
@@ -112,7 +112,7 @@ def frozen_from_target(ecfg: EagleConfig, target_params, head_ids=None) -> dict:
     if head_ids is None or len(head_ids) != ecfg.head_size:
       raise ValueError(f"a reduced vocabulary of {ecfg.head_size} needs head_ids of that length")
     ids = jnp.asarray(np.asarray(head_ids), jnp.int32)
-    out["lm_head"] = jnp.take(head, ids, axis=0)
+    out["lm_head"] = head.select_rows(ids) if quant.is_quantized(head) else jnp.take(head, ids, axis=0)
     out["head_ids"] = ids
   else:
     out["lm_head"] = head
@@ -132,7 +132,7 @@ def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Arr
 
 def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array, backends=None) -> jax.Array:
   """fc([embed(x) ; g]) [B, T, D] (``backends``: the drafter's, ``model.backends_of``)."""
-  e = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32)
+  e = quant.embed_rows(params["embed"], tokens_BxT, jnp.float32)
   x = jnp.concatenate([e, g_BxTxD.astype(jnp.float32)], axis=-1)
   B, T, _ = x.shape
   return model_lib.linear(x, params["fc"], backends=backends)

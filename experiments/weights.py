@@ -1,0 +1,144 @@
+"""Weight types: for fp32, bf16, int8 and int4 weights of one model, plain decoding speed (and the fraction of
+the read roofline it reaches with the bytes actually read), the verify cost for 1…32 rows, speculative
+speedups on the same prompts, and perplexity on a fixed text.
+
+The model is loaded once in fp32 and quantized to each type (``quant.quantize_params``), so every type
+decodes the same prompts in one run, interleaved prompt by prompt (``bench.time_methods``): the speed ratios
+are measured side by side, not across runs.  Greedy outputs of every speculative method are checked against
+the same type's plain decoding.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from specjax import api, bench, quant
+from specjax.measure import calibrate
+from experiments.common import pick_prompts
+from experiments.roofline import time_forward
+
+# The fixed text perplexity is measured on (this project's own prose, so any model may score it).
+TEXT = (
+    "Speculative decoding spends arithmetic that a decoding step leaves idle. A small drafter proposes a few "
+    "tokens, the large model checks all of them in one pass, and a rejection rule keeps the output exactly "
+    "as if the large model had written every token itself. Whether this pays depends on the machine: how "
+    "long a draft step takes, how much memory the extra positions need, and above all how many sequences "
+    "share each step. When many requests are batched together, the spare arithmetic is gone, and verifying "
+    "drafts that will be thrown away costs real time. A scheduler must then decide, step by step, how far "
+    "each sequence may speculate. The weights themselves change this picture: stored in eight or four bits "
+    "instead of thirty-two, each step reads fewer bytes, runs faster, and reaches the point where arithmetic "
+    "rather than memory sets the pace at a smaller batch.")
+
+
+def with_weights(m: api.Model, kind: str) -> api.Model:
+  """The model with its weights quantized to ``kind`` (from its fp32 parameters)."""
+  if kind == "fp32":
+    return m
+  return dataclasses.replace(m, params=quant.quantize_params(m.params, kind), exec_params=None, _compiled={})
+
+
+def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"), prompts: str = "specjax-prompts",
+            categories=None, per_category: int | None = 1, limit: int | None = 8, max_new_tokens: int = 64,
+            max_len: int = 1024, rows=(1, 2, 4, 8, 16, 32), context: int = 128, verify_repeats: int = 3,
+            drafters=(("ngram", 5),), draft: str | None = None, draft_k: int = 4, text: str | None = None,
+            repeats: int = 1, log=print) -> dict:
+  """One table row per weight type; ``drafters`` (name, k) and, with ``draft``, the draft model at the same
+  type (``draft_k``) are timed against plain decoding of the same type on the same prompts."""
+  chosen = pick_prompts(prompts, categories, per_category, limit)
+  base = api.load(model, dtype="float32", weights="fp32")
+  dbase = api.load(draft, dtype="float32", weights="fp32") if draft else None
+  models = {k: with_weights(base, k) for k in kinds}
+  drafts = {k: with_weights(dbase, k) for k in kinds} if dbase is not None else {}
+  batches = bench.make_batches(base, chosen, 1, max_new_tokens, max_len)
+  eos = tuple(base.tokenizer.eos_token_ids)
+  log(f"[weights] {model}: {', '.join(kinds)}; {len(chosen)} prompts, {max_new_tokens} new tokens")
+
+  methods, owner = [], []
+  for k in kinds:
+    mk = models[k]
+    ar = bench.autoregressive_method(mk, eos, max_len, 1)
+    methods.append(dataclasses.replace(ar, label=f"{k} plain"))
+    owner.append(mk)
+    specs = [dict(drafter=name, k=kk) for name, kk in drafters]
+    if k in drafts:
+      specs.append(dict(drafter="model", k=draft_k, draft=drafts[k]))
+    for sp in specs:
+      meth = bench.speculative_method(mk, eos, max_len, batch_size=1, **sp)
+      methods.append(dataclasses.replace(meth, label=f"{k} {sp['drafter']} k{sp['k']}"))
+      owner.append(mk)
+  timer = bench.Timer(log)
+  for meth, mk in zip(methods, owner):        # warm-up (compiles each method)
+    arr, lens, _ = batches[0]
+    bench._prefill_and_decode(mk, meth.engine, meth.draft_params, arr, lens, 2, max_len, meth.k_max, timer)
+  by_label = dict(zip((m.label for m in methods), owner))
+  run = lambda meth, batch: bench.decode_run(by_label[meth.label], meth, batch, max_new_tokens, max_len, timer)
+  bw = calibrate.measure_read_bandwidth()["best"]
+  timed = bench.time_methods(base, methods, batches, max_new_tokens, max_len, repeats=repeats, log=log,
+                             timer=timer, run=run)
+  tps = timed["tokens"].sum(axis=(1, 2)) / timed["seconds"].sum(axis=(1, 2))
+  tps_of = {m.label: float(t) for m, t in zip(methods, tps)}
+  outputs_of = {m.label: o for m, o in zip(methods, timed["outputs"])}
+  fp32_tps = tps_of.get("fp32 plain")
+  text = text or TEXT
+  ppl_fp32 = api.score(models["fp32"], text).perplexity if "fp32" in models else None
+
+  table = []
+  for k in kinds:
+    mk = models[k]
+    plain = tps_of[f"{k} plain"]
+    ppl = api.score(mk, text).perplexity
+    verify = {T: time_forward(mk, 1, T, context, verify_repeats) * 1e3 for T in rows}
+    row = {"weights": k, "weight_bytes": mk.weight_bytes, "bits_per_weight": round(8 * mk.weight_bytes / max(
+               1, sum(int(np.prod(x.shape)) for x in _matrices(mk.params))), 2),
+           "tokens_per_s": round(plain, 2),
+           "speedup_vs_fp32": None if fp32_tps is None else round(plain / fp32_tps, 3),
+           "roofline_fraction": round(plain * mk.weight_bytes / (bw * 1e9), 3),
+           "perplexity": round(ppl, 4),
+           "perplexity_vs_fp32": None if ppl_fp32 is None else round(ppl / ppl_fp32 - 1, 5),
+           **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()}}
+    for label, t in tps_of.items():
+      if label.startswith(f"{k} ") and label != f"{k} plain":
+        name = label[len(k) + 1:]
+        same = bench.identical_outputs(outputs_of[f"{k} plain"], outputs_of[label])
+        row[f"speedup_{name}"] = round(t / plain, 3)
+        row[f"identical_{name}"] = f"{same[0]}/{same[1]}"
+    table.append(row)
+    log(f"[weights] {k}: {plain:.1f} tok/s, ppl {ppl:.3f}, verify T=1 {verify[rows[0]]:.1f} ms")
+  return {
+      "title": f"weight types: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens",
+      "rows": table,
+      "summary": {"read_bandwidth_gbs": bw, "fp32_tokens_per_s": fp32_tps,
+                  "speedups_vs_fp32": {r["weights"]: r["speedup_vs_fp32"] for r in table},
+                  "perplexity_vs_fp32": {r["weights"]: r["perplexity_vs_fp32"] for r in table}},
+      "plots": [{"file": "tokens_per_s_by_weights.png", "x": "weights", "y": "tokens_per_s",
+                 "title": "plain decoding speed by weight type (same prompts, one run)"}],
+  }
+
+
+def _matrices(params):
+  """Every weight matrix's (unpacked) shape holder: quantized weights and 2-D+ arrays."""
+  import jax
+  return [x for x in jax.tree_util.tree_leaves(params, is_leaf=quant.is_quantized)
+          if quant.is_quantized(x) or x.ndim >= 2]
+
+
+def plot(result: dict, out_dir) -> None:
+  """verify_cost_by_weights.png: the verify step's time against its rows, one line per weight type."""
+  from pathlib import Path
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for r in result["rows"]:
+    pts = sorted((int(k[len("verify_ms_T"):]), v) for k, v in r.items() if k.startswith("verify_ms_T"))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=r["weights"])
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("rows verified (T)")
+  ax.set_ylabel("one forward, ms")
+  ax.set_title("verify cost vs rows by weight type (batch 1)")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(Path(out_dir) / "verify_cost_by_weights.png", dpi=110)
+  plt.close(fig)

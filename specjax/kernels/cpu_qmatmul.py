@@ -1,0 +1,80 @@
+"""x · wᵀ for a quantized weight (``quant.QWeight``): the native CPU kernel (``cpu_qmatmul.cc``), or the
+reference that dequantizes, then multiplies (plain XLA: what accelerators and prefill-sized inputs run, with
+the dequantization fused into the dot's operand).
+
+The native kernel reads the compact weight and widens it in registers, so a decode step reads 2 (bf16),
+~4 (int8) or ~7 (int4) times fewer bytes than in fp32.  It takes fp32 activations, at most ``MAX_ROWS`` rows
+(more rows: by the live-row count at run time, as ``cpu_matmul``), and its gradient (for x only: quantized
+weights are frozen) goes through the reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specjax import quant
+from specjax.kernels import cpu_matmul, dispatch, native
+
+MAX_ROWS = dispatch.MATMUL_NATIVE_MAX_ROWS
+TARGETS = {"bf16": "specjax_qmatmul_bf16", "int8": "specjax_qmatmul_int8", "int4": "specjax_qmatmul_int4"}
+
+
+def qmatmul_t_reference(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1) -> jax.Array:
+  """Dequantize w to x's dtype, then ``cpu_matmul.matmul_t_reference``."""
+  return cpu_matmul.matmul_t_reference(x_MxD, w.dequantize(x_MxD.dtype), live, group)
+
+
+def _call(kind: str, x_MxD, data, scale, rows_2):
+  native.require()
+  M, N = x_MxD.shape[0], data.shape[0]
+  out = jax.ShapeDtypeStruct((M, N), jnp.float32)
+  if kind == "bf16":      # the bf16 buffer itself (a bitcast to u16 would be a copy on XLA:CPU)
+    return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, rows_2)
+  return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, scale, rows_2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5))
+def _native(kind, x_MxD, data, scale, rows_2, group):
+  return _call(kind, x_MxD, data, scale, rows_2)
+
+
+def _native_fwd(kind, x_MxD, data, scale, rows_2, group):
+  return _call(kind, x_MxD, data, scale, rows_2), (x_MxD, data, scale, rows_2)
+
+
+def _native_bwd(kind, group, res, dy_MxN):   # for x only: a quantized weight is frozen
+  x_MxD, data, scale, rows_2 = res
+  live = rows_2[1] if rows_2.shape[0] == 2 else rows_2[1:]
+  dy_MxN = jnp.where(cpu_matmul._live_mask(x_MxD.shape[0], live, rows_2[0]), dy_MxN, 0)
+  dx = dy_MxN @ quant.dequantize(kind, data, scale, group, jnp.float32)
+  return dx.astype(x_MxD.dtype), None, None, None
+
+
+_native.defvjp(_native_fwd, _native_bwd)
+
+
+def qmatmul_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1) -> jax.Array:
+  """The C++ kernel (fp32 x).  ``live``/``group`` as ``cpu_matmul.matmul_t_native``."""
+  M = x_MxD.shape[0]
+  rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.concatenate(
+      [jnp.asarray([group], jnp.int32), jnp.atleast_1d(jnp.asarray(live, jnp.int32))])
+  return _native(w.kind, x_MxD, w.data, w.scale, rows, w.group)
+
+
+def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
+              backends: dispatch.Backends | None = None) -> jax.Array:
+  """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``)."""
+  backends = backends or dispatch.resolve()
+  if dispatch.native_quant_applies(backends, x_MxD.dtype):
+    M = x_MxD.shape[0]
+    if M <= MAX_ROWS:
+      return qmatmul_t_native(x_MxD, w, live, group)
+    if live is not None:   # many rows, maybe few live: decide by data (as cpu_matmul.matmul_t)
+      live = jnp.asarray(live, jnp.int32)
+      total = (jnp.clip(live, 0, group) * (M // group) if live.ndim == 0
+               else jnp.sum(jnp.clip(live, 0, group)))
+      return jax.lax.cond(total <= MAX_ROWS, lambda: qmatmul_t_native(x_MxD, w, live, group),
+                          lambda: qmatmul_t_reference(x_MxD, w, live, group))
+  return qmatmul_t_reference(x_MxD, w, live, group)

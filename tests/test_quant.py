@@ -1,0 +1,266 @@
+"""Quantized weights (quant.py, kernels/cpu_qmatmul.*): storage, the native kernel against its reference on every
+instruction-set path, the model on each weight type, greedy exactness and lossless sampling at int4, bad input."""
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specjax import config, kv_cache, model, quant, sampling
+from specjax.errors import SpecjaxError
+from specjax.kernels import cpu_qmatmul, dispatch, native
+from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
+
+KINDS = ("bf16", "int8", "int4")
+SHAPES = [(1, 70, 96), (2, 9, 17), (3, 37, 64), (5, 45, 101), (7, 64, 160), (16, 21, 32), (40, 130, 256)]
+PATHS = [p for p in native.ISAS if native.available() and native.ISAS.index(p) <= native.ISAS.index(
+    native.detected_isa())]
+
+
+def _weight(kind, N, D, group=32, seed=0):
+  r = np.random.default_rng(seed)
+  # rows and groups of very different magnitudes: a scale taken from the wrong row or group shows
+  w = r.standard_normal((N, D)) * np.exp(r.uniform(-2, 2, (N, 1))) * np.exp(r.uniform(-1, 1, (1, D)))
+  return quant.quantize(kind, w.astype(np.float32), group)
+
+
+def _rel(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Storage
+
+
+def test_storage_formats_and_bytes():
+  r = np.random.default_rng(1)
+  w = r.standard_normal((6, 64)).astype(np.float32)
+  b, i8, i4 = (quant.quantize(k, w) for k in KINDS)
+  assert b.data.dtype == jnp.bfloat16 and b.scale is None and b.nbytes == 6 * 64 * 2
+  assert i8.data.dtype == jnp.int8 and i8.scale.shape == (6,) and i8.nbytes == 6 * 64 + 6 * 4
+  assert i4.data.shape == (6, 32) and i4.scale.shape == (6, 2) and i4.nbytes == 6 * 32 + 12 * 4
+  assert all(q.shape == (6, 64) for q in (b, i8, i4))
+  # int4 layout: byte j of a block holds column j (low nibble) and column j + 16 (high nibble)
+  q = np.asarray(quant.unpack_int4(i4.data))
+  packed = np.asarray(i4.data)
+  assert np.array_equal(packed[:, :16] & 15, q[:, :16] + 8) and np.array_equal(packed[:, :16] >> 4, q[:, 16:32] + 8)
+  # round trip error within half a step
+  for qw, step in ((i8, i8.scale[:, None]), (i4, np.repeat(np.asarray(i4.scale), 32, axis=1))):
+    assert np.all(np.abs(np.asarray(qw.dequantize()) - w) <= np.asarray(step) * 0.5 + 1e-6)
+  assert quant.bits_per_weight("int4") == 5.0 and quant.param_bytes({"a": i4, "b": jnp.zeros(3)}) == i4.nbytes + 12
+
+
+def test_group_of_64_and_bad_groups():
+  w = np.random.default_rng(2).standard_normal((4, 128)).astype(np.float32)
+  q = quant.quantize("int4", w, 64)
+  assert q.scale.shape == (4, 2) and q.group == 64
+  assert _rel(q.dequantize(), w) < 0.2
+  with pytest.raises(SpecjaxError, match="multiple of the group"):
+    quant.quantize("int4", w[:, :48], 32)
+  with pytest.raises(SpecjaxError, match="use 32 or 64"):
+    quant.quantize("int4", w, 16)
+  with pytest.raises(SpecjaxError, match="unknown weight type 'int3'"):
+    quant.quantize("int3", w)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The kernel against its reference
+
+
+@pytest.fixture
+def restore_isa():
+  yield
+  if native.available():
+    native.set_isa(native.detected_isa())
+
+
+@pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
+@pytest.mark.parametrize("path", PATHS or ["portable"])
+def test_kernel_equals_reference(path, restore_isa):
+  """≤ 1e-5 relative (fp32 accumulation) over odd shapes, 1…40 rows, both int4 groups, on this path."""
+  assert native.set_isa(path) == path
+  kernel = jax.jit(cpu_qmatmul.qmatmul_t_native)
+  r = np.random.default_rng(3)
+  for kind in KINDS:
+    for M, N, D in SHAPES:
+      for group in ((32, 64) if kind == "int4" and D % 64 == 0 else (32,)):
+        if kind == "int4" and D % 32:
+          continue
+        w = _weight(kind, N, D, group, seed=M)
+        x = jnp.asarray(r.standard_normal((M, D)), jnp.float32)
+        ref = cpu_qmatmul.qmatmul_t_reference(x, w)
+        out = kernel(x, w)
+        assert _rel(out, ref) <= 1e-5, (path, kind, M, N, D, group, _rel(out, ref))
+        if kind == "int4" and M == 7:   # the check has power: a wrong group scale or nibble half is caught
+          s = np.asarray(w.scale)
+          wrong_group = quant.QWeight(w.data, jnp.asarray(np.roll(s, 1, axis=1)), "int4", group)
+          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, wrong_group)) > 1e-2
+          p = np.asarray(w.data)
+          swapped = quant.QWeight(jnp.asarray((p >> 4) | ((p & 15) << 4)), w.scale, "int4", group)
+          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, swapped)) > 1e-2
+        if kind == "int8" and M == 5:
+          wrong_row = quant.QWeight(w.data, jnp.roll(w.scale, 1), "int8")
+          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, wrong_row)) > 1e-2
+
+
+@pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
+@pytest.mark.parametrize("path", PATHS or ["portable"])
+def test_kernel_live_rows_and_row_bits(path, restore_isa):
+  """Dead rows come out zero; a row's bits do not depend on how many rows are computed beside it."""
+  assert native.set_isa(path) == path
+  r = np.random.default_rng(4)
+  for kind in KINDS:
+    w = _weight(kind, 38, 96, seed=9)
+    x = jnp.asarray(r.standard_normal((12, 96)), jnp.float32)
+    live = jnp.asarray([2, 0, 4], jnp.int32)           # 3 groups of 4 rows
+    out = np.asarray(cpu_qmatmul.qmatmul_t_native(x, w, live, 4))
+    ref = np.asarray(cpu_qmatmul.qmatmul_t_reference(x, w, live, 4))
+    assert _rel(out, ref) <= 1e-5 and not out[2:8].any() and out[8:12].any()
+    one = np.asarray(cpu_qmatmul.qmatmul_t_native(x[:1], w))
+    many = np.asarray(cpu_qmatmul.qmatmul_t_native(x[:9], w))
+    np.testing.assert_array_equal(one[0], many[0], err_msg=f"{path} {kind}")
+
+
+def test_gradient_flows_to_the_activations_only():
+  w = _weight("int4", 16, 64)
+  x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 64)), jnp.float32)
+  f = lambda x: jnp.sum(cpu_qmatmul.qmatmul_t(x, w) ** 2)
+  g = jax.grad(f)(x)
+  g_ref = jax.grad(lambda x: jnp.sum(cpu_qmatmul.qmatmul_t_reference(x, w) ** 2))(x)
+  assert _rel(g, g_ref) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model on each weight type
+
+CFG = config.TINY.replace(num_layers=2)
+DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
+BUCKETS = (16, 32, 64)
+
+
+@pytest.fixture(scope="module")
+def fp32_params():
+  return model.init_params(CFG, jax.random.PRNGKey(0))
+
+
+def _logits(params, backends=None):
+  cfg = CFG if backends is None else CFG.replace(backends=backends)
+  toks = jnp.asarray(np.random.default_rng(6).integers(0, CFG.vocab_size, (2, 5)), jnp.int32)
+  cache = kv_cache.init_cache(CFG, 2, 16)
+  return model.forward(params, cfg, toks, jnp.broadcast_to(jnp.arange(5), (2, 5)), cache).logits
+
+
+def test_policy_and_forward_near_fp32(fp32_params):
+  base = _logits(fp32_params)
+  for kind, tol in (("bf16", 0.02), ("int8", 0.03), ("int4", 0.25)):
+    q = quant.quantize_params(fp32_params, kind)
+    assert q["layers"]["w_qkv"].kind == kind and q["layers"]["attn_norm"].dtype == jnp.float32
+    assert q["embed"].kind == ("int8" if kind == "int4" else kind)       # the embedding/head policy
+    assert quant.weights_kind(q) == kind and quant.activation_dtype(q) == jnp.float32
+    assert model.param_bytes(q) < model.param_bytes(fp32_params) / (1.9 if kind == "bf16" else 3.5)
+    err = _rel(_logits(q), base)
+    assert err < tol, (kind, err)
+    # the native kernels and the XLA path (dequantize fused into the dot) agree
+    xla = dispatch.Backends()
+    assert _rel(_logits(q, xla), _logits(q)) < 1e-5, kind
+  with pytest.raises(ValueError, match="quantized"):
+    model.cast_params(quant.quantize_params(fp32_params, "int8"), jnp.bfloat16)
+
+
+def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.SamplingParams()):
+  B = prompts.shape[0]
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=K, sp=sp, buckets=BUCKETS)
+  cache = kv_cache.init_cache(CFG, B, 64)
+  st = generate(target, dparams, cache, jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(max_new),
+                jnp.full((B,), K, jnp.int32), jax.random.PRNGKey(0), engine=eng)
+  seq = np.asarray(st.seq_BxS)
+  return [seq[i, lens[i]:lens[i] + int(st.num_new_B[i])].tolist() for i in range(B)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_speculative_equals_plain_greedy(fp32_params, kind):
+  target = model.unstack_layers(quant.quantize_params(fp32_params, kind))
+  draft = model.unstack_layers(quant.quantize_params(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)), kind))
+  prompts = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10]], np.int32)
+  lens, max_new = np.array([6, 8]), np.array([16, 11], np.int32)
+  base = _run(target, NoDrafter(), (), 0, prompts, lens, max_new)
+  for drafter, dparams, ks in ((ModelDrafter(DRAFT_CFG, buckets=BUCKETS), draft, (1, 4)), (NgramDrafter(2), (), (3,))):
+    for K in ks:
+      assert _run(target, drafter, dparams, K, prompts, lens, max_new) == base, (kind, type(drafter), K)
+
+
+def test_int4_sampling_is_lossless():
+  """The chi-square test of test_speculative at int4 (a model whose matrices all take int4), and its power."""
+  from tests import test_speculative as ts
+  cfg = ts.MICRO.replace(name="micro32", d_model=32, head_dim=16, ffn_dim=64)
+  sp = sampling.SamplingParams(temperature=1.0)
+  target = quant.quantize_params(ts._micro_params(0, cfg), "int4")
+  draft = quant.quantize_params(ts._micro_params(7, cfg), "int4")
+  assert target["layers"]["wo"].kind == "int4"
+  joint = ts._exact_joint(target, sp, cfg)
+  p_ok = ts._chi2_pvalue(ts._spec_samples(target, draft, sp, cfg=cfg), joint)
+  p_broken = ts._chi2_pvalue(ts._spec_samples(target, draft, sp, acceptance=ts.AcceptAlways(), cfg=cfg), joint)
+  assert p_ok > 1e-3, p_ok
+  assert p_broken < 1e-6, p_broken
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Meshes and bad input
+
+
+def test_scales_are_sharded_with_their_weights(fp32_params):
+  from specjax import sharding
+
+  class FakeMesh:
+    shape = {"data": 1, "model": 2}
+  for kind in ("int8", "int4"):
+    specs = sharding.param_specs(quant.quantize_params(fp32_params, kind), FakeMesh())
+    qkv, wo = specs["layers"]["w_qkv"], specs["layers"]["wo"]
+    assert qkv.data == jax.sharding.PartitionSpec(None, "model", None)     # column-parallel rows
+    assert wo.data == jax.sharding.PartitionSpec(None, None, "model")      # row-parallel inputs
+    if kind == "int8":   # one scale per output row: split with the rows, whole for a row-parallel matrix
+      assert qkv.scale == jax.sharding.PartitionSpec(None, "model") and wo.scale == jax.sharding.PartitionSpec(None, None)
+    else:                # [rows, groups]: the matrix's own rule (here wo has one group: left whole)
+      assert qkv.scale == jax.sharding.PartitionSpec(None, "model", None)
+      assert wo.scale == jax.sharding.PartitionSpec(None, None, None)
+      wide = quant.quantize("int4", np.zeros((2, 8, 128), np.float32))
+      assert sharding._quantized_specs("wo", wide, FakeMesh()).scale == jax.sharding.PartitionSpec(None, None, "model")
+
+
+def test_int4_falls_back_to_int8_where_groups_do_not_fit(capsys):
+  cfg = config.TINY.replace(name="odd", d_model=48, head_dim=12)
+  p = quant.quantize_params(model.init_params(cfg, jax.random.PRNGKey(0)), "int4")
+  assert p["layers"]["w_qkv"].kind == "int8" and p["layers"]["w_down"].kind == "int4"   # F = 64 fits
+  assert "kept in int8" in capsys.readouterr().err or "w_qkv" in quant._WARNED
+
+
+def test_bad_weight_types_are_one_line_errors():
+  from specjax.runtime import loaded
+  with pytest.raises(SpecjaxError, match="unknown weight type 'int3'"):
+    loaded.load("smollm2-135m", weights="int3")
+  with pytest.raises(SpecjaxError, match="fp32 weights with bfloat16 activations"):
+    loaded.load("smollm2-135m", dtype="bfloat16", weights="fp32")
+  with pytest.raises(SpecjaxError, match="float32 activations"):
+    loaded.load("smollm2-135m", dtype="bfloat16", weights="int8")
+  with pytest.raises(SpecjaxError, match="already quantized"):
+    quant.quantize_params(quant.quantize_params(model.init_params(CFG, jax.random.PRNGKey(0)), "int8"), "int4")
+
+
+def test_weights_experiment_at_tiny_size(tmp_path):
+  """configs/weights.gin's experiment end to end on a tiny GGUF: one row per type, greedy speculative outputs
+  identical to the same type's plain ones, perplexity near fp32, the verify-cost plot."""
+  from experiments import weights as wx
+  from tests.test_sharding import varied_tiny_gguf
+  path = varied_tiny_gguf(tmp_path / "tiny.gguf")
+  prompts = tmp_path / "p.txt"
+  prompts.write_text("a b c a b c a\nthe cat the cat\n")
+  res = wx.weights(model=path, kinds=("fp32", "int8", "int4"), prompts=str(prompts), per_category=None,
+                   limit=2, max_new_tokens=8, max_len=256, rows=(1, 4), verify_repeats=1,
+                   drafters=(("ngram", 3),), text="the cat sat on the mat. a b c a b c", log=lambda *_: None)
+  rows = {r["weights"]: r for r in res["rows"]}
+  assert list(rows) == ["fp32", "int8", "int4"] and rows["fp32"]["speedup_vs_fp32"] == 1.0
+  assert rows["int4"]["weight_bytes"] < rows["int8"]["weight_bytes"] < rows["fp32"]["weight_bytes"] / 3
+  assert all(r["identical_ngram k3"] == "2/2" and r["verify_ms_T4"] > 0 for r in rows.values())
+  assert abs(rows["int8"]["perplexity_vs_fp32"]) < 0.05
+  wx.plot(res, tmp_path)
+  assert (tmp_path / "verify_cost_by_weights.png").is_file()
