@@ -39,7 +39,26 @@ struct QTask {
   const int64_t* row;    // [M]: the rows of x (and y) computed
   int64_t M, N, D, G;
   Kind kind;
+  const float* xp = nullptr;   // [M, Dc]: the live rows of x, permuted to the vector paths' chunk order
+  int64_t Dc = 0;              // columns in whole chunks (the rest, a tail, read x itself)
+  int64_t lanes = 0;           // the vector path xp was built for: 16 (AVX-512), 8 (AVX2), 0 (portable)
 };
+
+// The vector paths read one vector of weight bytes (4L bytes, L lanes of 32 bits) per chunk and widen it with
+// shifts and masks only (no shuffles): a lane's 32 bits hold 2 bf16, 4 int8 or 8 int4 weights, and sub-vector
+// k of the chunk takes the k-th of each lane.  x is permuted once per call to match: chunk position k*L + i
+// holds the column that lane i's k-th weight multiplies.  Chunk widths: bf16 2L, int8 4L, int4 8L columns.
+inline int64_t ChunkWidth(Kind kind, int64_t L) { return kind == kBf16 ? 2 * L : kind == kInt8 ? 4 * L : 8 * L; }
+
+inline int64_t ChunkColumn(Kind kind, int64_t L, int64_t p) {
+  const int64_t k = p / L, i = p % L;
+  switch (kind) {
+    case kBf16: return 2 * i + k;                         // k = 0: the low (even) bf16, 1: the high (odd)
+    case kInt8: return 4 * i + k;                         // k = byte
+    default:    // k = nibble: byte k / 2 of the lane, low or high half; lane i's bytes start at 4i
+      return 32 * (i / 4) + 4 * (i % 4) + k / 2 + 16 * (k % 2);
+  }
+}
 
 // One weight, dequantized (the portable path and the tails).
 inline float Weight(const QTask& t, int64_t n, int64_t d) {
@@ -80,7 +99,7 @@ void RowBlockPortable(const QTask& t, int64_t n0, int64_t n1) {
 }
 
 #if SPECJAX_X86
-// 16 weights of row n from column d (d a multiple of 16, d + 16 <= D), as fp32.
+// 16 weights of row n from column d (d a multiple of 16, d + 16 <= D), as fp32 (the tails past the chunks).
 SPECJAX_TARGET_AVX512 inline __m512 Load16(const QTask& t, int64_t n, int64_t d) {
   switch (t.kind) {
     case kBf16: {
@@ -89,11 +108,11 @@ SPECJAX_TARGET_AVX512 inline __m512 Load16(const QTask& t, int64_t n, int64_t d)
     }
     case kInt8: {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.w + n * t.D + d));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_set1_ps(t.scale[n]));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(b))), _mm512_set1_ps(t.scale[n]));
     }
     default: {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.w + n * (t.D / 2) + (d / 32) * 16));
-      __m512i v = _mm512_cvtepu8_epi32(b);
+      __m512i v = _mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(b));   // (two steps: SIMDe lacks the one)
       v = (d & 16) ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(15));
       v = _mm512_sub_epi32(v, _mm512_set1_epi32(8));
       return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(t.scale[n * (t.D / t.G) + d / t.G]));
@@ -108,63 +127,141 @@ SPECJAX_TARGET_AVX512 inline __m512 LoadTail16(const QTask& t, int64_t n, int64_
   return _mm512_loadu_ps(lanes);
 }
 
-// 4 weight rows (dequantized once per 16 columns) against MB rows of x, as cpu_matmul.cc's Tile.
-template <int MB>
-SPECJAX_TARGET_AVX512 inline void Tile(const QTask& t, int64_t n, int64_t m0) {
-  const int64_t D = t.D;
-  const float* xr[MB];
-  for (int i = 0; i < MB; ++i) xr[i] = t.x + t.row[m0 + i] * D;
-  __m512 acc[MB][4];
-  for (int i = 0; i < MB; ++i)
-    for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16) {
-    const __m512 w_0 = Load16(t, n, d), w_1 = Load16(t, n + 1, d);
-    const __m512 w_2 = Load16(t, n + 2, d), w_3 = Load16(t, n + 3, d);
-    for (int i = 0; i < MB; ++i) {
-      const __m512 xv = _mm512_loadu_ps(xr[i] + d);
-      acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(w_3, xv, acc[i][3]);
+// Nibble K of every lane as the float (nibble - 8), exactly: OR-ing 4 bits into the mantissa of 2^23 makes
+// 2^23 + nibble, and subtracting 2^23 + 8 is exact.
+template <int K>
+SPECJAX_TARGET_AVX512 inline __m512 Nibble512(__m512i v) {
+  const __m512i shifted = K == 0 ? v : _mm512_srli_epi32(v, 4 * K);
+  const __m512i bits = _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32(15), _mm512_set1_epi32(0x4B000000),
+                                                 0xEA);   // (a & b) | c
+  return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(8388616.0f));
+}
+
+// NR rows of w from n against MB <= 4 live rows of x from m0.  Per chunk, each weight vector is loaded once
+// and widened with shifts and masks; each sub-vector of x, loaded once, feeds NR * MB multiply-adds.  int8: the
+// row's scale multiplies its finished sum; int4: each chunk's partial sums (over its 8 nibbles) are scaled by
+// their blocks' scales (lanes 4b..4b+3 hold block b).  Each (weight row, x row) pair has its own accumulator
+// and the same sequence of operations whatever NR and MB: a row's bits do not depend on the others.
+template <Kind KIND, int NR, int MB>
+SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
+  constexpr int64_t L = 16;
+  const int64_t W = ChunkWidth(KIND, L);
+  const int64_t row_bytes = KIND == kBf16 ? 2 * t.D : KIND == kInt8 ? t.D : t.D / 2;
+  const uint8_t* wr[NR];
+  for (int r = 0; r < NR; ++r) wr[r] = t.w + (n + r) * row_bytes;
+  const float* xp[MB];
+  for (int i = 0; i < MB; ++i) xp[i] = t.xp + (m0 + i) * t.Dc;
+  __m512 acc[NR][MB];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_setzero_ps();
+  const int64_t chunks = t.Dc / W;
+  const int64_t groups = t.D / t.G;
+  const __m512i scale_idx = t.G == 32 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+                                      : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512i v[NR];
+    for (int r = 0; r < NR; ++r) v[r] = _mm512_loadu_si512(wr[r] + c * 4 * L);
+    const int64_t o = c * W;
+    if constexpr (KIND == kBf16) {
+      __m512 even[NR], odd[NR];
+      for (int r = 0; r < NR; ++r) {
+        even[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v[r], 16));
+        odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v[r], _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+      }
+      for (int i = 0; i < MB; ++i) {
+        const __m512 x0 = _mm512_loadu_ps(xp[i] + o), x1 = _mm512_loadu_ps(xp[i] + o + L);
+        for (int r = 0; r < NR; ++r) {
+          acc[r][i] = _mm512_fmadd_ps(even[r], x0, acc[r][i]);
+          acc[r][i] = _mm512_fmadd_ps(odd[r], x1, acc[r][i]);
+        }
+      }
+    } else if constexpr (KIND == kInt8) {
+#define SPECJAX_BYTE(SHIFT, K)                                                                       \
+      {                                                                                              \
+        __m512 q[NR];                                                                                \
+        for (int r = 0; r < NR; ++r)                                                                 \
+          q[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(SHIFT == 0 ? v[r] : _mm512_slli_epi32(v[r], SHIFT), 24)); \
+        for (int i = 0; i < MB; ++i) {                                                               \
+          const __m512 xk = _mm512_loadu_ps(xp[i] + o + K * L);                                      \
+          for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_fmadd_ps(q[r], xk, acc[r][i]);             \
+        }                                                                                            \
+      }
+      SPECJAX_BYTE(24, 0) SPECJAX_BYTE(16, 1) SPECJAX_BYTE(8, 2) SPECJAX_BYTE(0, 3)
+#undef SPECJAX_BYTE
+    } else {
+      __m512 scale[NR];
+      for (int r = 0; r < NR; ++r) {
+        const float* sp = t.scale + (n + r) * groups + (t.G == 32 ? 4 * c : 2 * c);
+        const __m128 s4 = t.G == 32 ? _mm_loadu_ps(sp) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sp)));
+        scale[r] = _mm512_permutexvar_ps(scale_idx, _mm512_castps128_ps512(s4));
+      }
+      __m512 part[NR][MB];
+      {
+        __m512 nk[NR];
+        for (int r = 0; r < NR; ++r) nk[r] = Nibble512<0>(v[r]);
+        for (int i = 0; i < MB; ++i) {
+          const __m512 xk = _mm512_loadu_ps(xp[i] + o);
+          for (int r = 0; r < NR; ++r) part[r][i] = _mm512_mul_ps(nk[r], xk);
+        }
+      }
+#define SPECJAX_NIBBLE(K)                                                                      \
+      {                                                                                        \
+        __m512 nk[NR];                                                                         \
+        for (int r = 0; r < NR; ++r) nk[r] = Nibble512<K>(v[r]);                               \
+        for (int i = 0; i < MB; ++i) {                                                         \
+          const __m512 xk = _mm512_loadu_ps(xp[i] + o + K * L);                                \
+          for (int r = 0; r < NR; ++r) part[r][i] = _mm512_fmadd_ps(nk[r], xk, part[r][i]);   \
+        }                                                                                      \
+      }
+      SPECJAX_NIBBLE(1) SPECJAX_NIBBLE(2) SPECJAX_NIBBLE(3) SPECJAX_NIBBLE(4)
+      SPECJAX_NIBBLE(5) SPECJAX_NIBBLE(6) SPECJAX_NIBBLE(7)
+#undef SPECJAX_NIBBLE
+      for (int r = 0; r < NR; ++r)
+        for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_fmadd_ps(part[r][i], scale[r], acc[r][i]);
     }
   }
-  if (d < D) {  // tail columns (bf16 and int8 only: int4 rows are whole blocks)
-    const __mmask16 k = static_cast<__mmask16>((1u << (D - d)) - 1);
-    const __m512 w_0 = LoadTail16(t, n, d), w_1 = LoadTail16(t, n + 1, d);
-    const __m512 w_2 = LoadTail16(t, n + 2, d), w_3 = LoadTail16(t, n + 3, d);
+  for (int r = 0; r < NR; ++r) {   // the tail past the whole chunks: dequantized 16 at a time, against x itself
     for (int i = 0; i < MB; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(k, xr[i] + d);
-      acc[i][0] = _mm512_fmadd_ps(w_0, xv, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(w_1, xv, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(w_2, xv, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(w_3, xv, acc[i][3]);
+      const float* xr = t.x + t.row[m0 + i] * t.D;
+      __m512 tail = _mm512_setzero_ps();
+      int64_t d = t.Dc;
+      for (; d + 16 <= t.D; d += 16) tail = _mm512_fmadd_ps(Load16(t, n + r, d), _mm512_loadu_ps(xr + d), tail);
+      if (d < t.D) {
+        const __mmask16 k = static_cast<__mmask16>((1u << (t.D - d)) - 1);
+        tail = _mm512_fmadd_ps(LoadTail16(t, n + r, d), _mm512_maskz_loadu_ps(k, xr + d), tail);
+      }
+      float sum = _mm512_reduce_add_ps(acc[r][i]);
+      if constexpr (KIND == kInt8) sum *= t.scale[n + r];
+      t.y[t.row[m0 + i] * t.N + n + r] = sum + _mm512_reduce_add_ps(tail);
     }
-  }
-  for (int i = 0; i < MB; ++i) {
-    float* yr = t.y + t.row[m0 + i] * t.N + n;
-    for (int r = 0; r < 4; ++r) yr[r] = _mm512_reduce_add_ps(acc[i][r]);
   }
 }
 
+template <Kind KIND, int NR>
+SPECJAX_TARGET_AVX512 void RowsAvx512(const QTask& t, int64_t n) {
+  int64_t m = 0;
+  for (; m + 4 <= t.M; m += 4) Tile512<KIND, NR, 4>(t, n, m);
+  switch (t.M - m) {
+    case 1: Tile512<KIND, NR, 1>(t, n, m); break;
+    case 2: Tile512<KIND, NR, 2>(t, n, m); break;
+    case 3: Tile512<KIND, NR, 3>(t, n, m); break;
+    default: break;
+  }
+}
+
+// One or two rows of x (decoding): one weight row at a time, a single sequential stream per thread.  More
+// rows (verification): weight rows in groups of 4 (int4: 2, whose partial sums need registers too), so each
+// load of x serves several of them; the rest one by one.  (Same bits either way: see Tile512.)
+template <Kind KIND>
 SPECJAX_TARGET_AVX512 void RowBlockAvx512(const QTask& t, int64_t n0, int64_t n1) {
+  constexpr int NR = KIND == kInt4 ? 2 : 4;
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    int64_t m = 0;
-    for (; m + 6 <= t.M; m += 6) Tile<6>(t, n, m);
-    switch (t.M - m) {
-      case 1: Tile<1>(t, n, m); break;
-      case 2: Tile<2>(t, n, m); break;
-      case 3: Tile<3>(t, n, m); break;
-      case 4: Tile<4>(t, n, m); break;
-      case 5: Tile<5>(t, n, m); break;
-      default: break;
-    }
-  }
-  if (n < n1) RowBlockPortable(t, n, n1);
+  if (t.M > 2)
+    for (; n + NR <= n1; n += NR) RowsAvx512<KIND, NR>(t, n);
+  for (; n < n1; ++n) RowsAvx512<KIND, 1>(t, n);
 }
 
-// AVX2: 8 weights of row n from column d (d a multiple of 8, d + 8 <= D), as fp32.
+// AVX2: 8 weights of row n from column d (d a multiple of 8, d + 8 <= D), as fp32 (the tails).
 SPECJAX_TARGET_AVX2 inline __m256 Load8(const QTask& t, int64_t n, int64_t d) {
   switch (t.kind) {
     case kBf16: {
@@ -192,58 +289,127 @@ SPECJAX_TARGET_AVX2 inline float HorizontalSum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
-// 4 weight rows against MB <= 3 rows of x (16 ymm registers: 4*MB accumulators, MB rows of x, one weight
-// vector), each weight vector dequantized once and fed to MB multiply-adds.
-template <int MB>
-SPECJAX_TARGET_AVX2 inline void Tile8(const QTask& t, int64_t n, int64_t m0) {
-  const int64_t D = t.D;
+template <int K>
+SPECJAX_TARGET_AVX2 inline __m256 Nibble256(__m256i v) {
+  const __m256i shifted = K == 0 ? v : _mm256_srli_epi32(v, 4 * K);
+  const __m256i bits = _mm256_or_si256(_mm256_and_si256(shifted, _mm256_set1_epi32(15)),
+                                       _mm256_set1_epi32(0x4B000000));
+  return _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(8388616.0f));
+}
+
+// As Row512, 8 lanes: chunks of 16 (bf16), 32 (int8) or 64 (int4: two blocks, lanes 4b..4b+3 block b).
+template <Kind KIND, int MB>
+SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
+  constexpr int64_t L = 8;
+  const int64_t W = ChunkWidth(KIND, L);
+  const int64_t row_bytes = KIND == kBf16 ? 2 * t.D : KIND == kInt8 ? t.D : t.D / 2;
+  const uint8_t* wr = t.w + n * row_bytes;
+  const float* xp[MB];
   const float* xr[MB];
-  for (int i = 0; i < MB; ++i) xr[i] = t.x + t.row[m0 + i] * D;
-  __m256 acc[MB][4];
-  for (int i = 0; i < MB; ++i)
-    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8) {
-    __m256 xv[MB];
-    for (int i = 0; i < MB; ++i) xv[i] = _mm256_loadu_ps(xr[i] + d);
-    for (int r = 0; r < 4; ++r) {
-      const __m256 wv = Load8(t, n + r, d);
-      for (int i = 0; i < MB; ++i) acc[i][r] = _mm256_fmadd_ps(wv, xv[i], acc[i][r]);
+  for (int i = 0; i < MB; ++i) {
+    xp[i] = t.xp + (m0 + i) * t.Dc;
+    xr[i] = t.x + t.row[m0 + i] * t.D;
+  }
+  __m256 acc[MB], tail[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = tail[i] = _mm256_setzero_ps();
+  const int64_t chunks = t.Dc / W;
+  const int64_t groups = t.D / t.G;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c * 4 * L));
+    const int64_t o = c * W;
+    if constexpr (KIND == kBf16) {
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+      for (int i = 0; i < MB; ++i) {   // each chunk summed apart, then added: no long chain across chunks
+        const auto p = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xp[i] + o + L), _mm256_mul_ps(even, _mm256_loadu_ps(xp[i] + o)));
+        acc[i] = _mm256_add_ps(acc[i], p);
+      }
+    } else if constexpr (KIND == kInt8) {
+      const __m256 q0 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24));
+      const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24));
+      const __m256 q2 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24));
+      const __m256 q3 = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24));
+      for (int i = 0; i < MB; ++i) {
+        const auto a = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xp[i] + o + L), _mm256_mul_ps(q0, _mm256_loadu_ps(xp[i] + o)));
+        const auto b = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xp[i] + o + 3 * L), _mm256_mul_ps(q2, _mm256_loadu_ps(xp[i] + o + 2 * L)));
+        acc[i] = _mm256_add_ps(acc[i], _mm256_add_ps(a, b));
+      }
+    } else {
+      const float* sp = t.scale + n * groups;
+      const float s0 = t.G == 32 ? sp[2 * c] : sp[c], s1 = t.G == 32 ? sp[2 * c + 1] : sp[c];
+      const __m256 scale = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+      // four short chains of two nibbles each, summed as a tree, then scaled into the row's sum
+      const __m256 n0 = Nibble256<0>(v), n1 = Nibble256<1>(v), n2 = Nibble256<2>(v), n3 = Nibble256<3>(v);
+      const __m256 n4 = Nibble256<4>(v), n5 = Nibble256<5>(v), n6 = Nibble256<6>(v), n7 = Nibble256<7>(v);
+      for (int i = 0; i < MB; ++i) {
+        const float* xo = xp[i] + o;
+        const __m256 a0 = _mm256_fmadd_ps(n1, _mm256_loadu_ps(xo + L), _mm256_mul_ps(n0, _mm256_loadu_ps(xo)));
+        const __m256 a1 = _mm256_fmadd_ps(n3, _mm256_loadu_ps(xo + 3 * L), _mm256_mul_ps(n2, _mm256_loadu_ps(xo + 2 * L)));
+        const __m256 a2 = _mm256_fmadd_ps(n5, _mm256_loadu_ps(xo + 5 * L), _mm256_mul_ps(n4, _mm256_loadu_ps(xo + 4 * L)));
+        const __m256 a3 = _mm256_fmadd_ps(n7, _mm256_loadu_ps(xo + 7 * L), _mm256_mul_ps(n6, _mm256_loadu_ps(xo + 6 * L)));
+        acc[i] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)), scale, acc[i]);
+      }
     }
   }
-  float tail[MB][4] = {};
-  for (; d < D; ++d)   // at most 7 tail columns
-    for (int r = 0; r < 4; ++r) {
-      const float wv = Weight(t, n + r, d);
-      for (int i = 0; i < MB; ++i) tail[i][r] = std::fma(wv, xr[i][d], tail[i][r]);
-    }
+  int64_t d = t.Dc;
+  for (; d + 8 <= t.D; d += 8) {
+    const __m256 w = Load8(t, n, d);
+    for (int i = 0; i < MB; ++i) tail[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xr[i] + d), tail[i]);
+  }
+  float rest[MB] = {};
+  for (; d < t.D; ++d) {   // at most 7 columns
+    const float w = Weight(t, n, d);
+    for (int i = 0; i < MB; ++i) rest[i] = std::fma(w, xr[i][d], rest[i]);
+  }
   for (int i = 0; i < MB; ++i) {
-    float* yr = t.y + t.row[m0 + i] * t.N + n;
-    for (int r = 0; r < 4; ++r) yr[r] = HorizontalSum256(acc[i][r]) + tail[i][r];
+    float sum = HorizontalSum256(acc[i]);
+    if constexpr (KIND == kInt8) sum *= t.scale[n];
+    t.y[t.row[m0 + i] * t.N + n] = sum + (HorizontalSum256(tail[i]) + rest[i]);
   }
 }
 
+template <Kind KIND>
 SPECJAX_TARGET_AVX2 void RowBlockAvx2(const QTask& t, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
+  for (int64_t n = n0; n < n1; ++n) {
     int64_t m = 0;
-    for (; m + 3 <= t.M; m += 3) Tile8<3>(t, n, m);
+    for (; m + 4 <= t.M; m += 4) Row256<KIND, 4>(t, n, m);
     switch (t.M - m) {
-      case 1: Tile8<1>(t, n, m); break;
-      case 2: Tile8<2>(t, n, m); break;
+      case 1: Row256<KIND, 1>(t, n, m); break;
+      case 2: Row256<KIND, 2>(t, n, m); break;
+      case 3: Row256<KIND, 3>(t, n, m); break;
       default: break;
     }
   }
-  if (n < n1) RowBlockPortable(t, n, n1);
 }
 #endif
 
-void RowBlock(const QTask& t, int64_t n0, int64_t n1) {
+int64_t VectorLanes() {
 #if SPECJAX_X86
   switch (specjax::ActiveIsa()) {
-    case specjax::kAvx512: return RowBlockAvx512(t, n0, n1);
-    case specjax::kAvx2: return RowBlockAvx2(t, n0, n1);
+    case specjax::kAvx512: return 16;
+    case specjax::kAvx2: return 8;
     default: break;
+  }
+#endif
+  return 0;
+}
+
+void RowBlock(const QTask& t, int64_t n0, int64_t n1) {
+#if SPECJAX_X86
+  const int64_t lanes = t.xp == nullptr ? 0 : t.lanes;
+  if (lanes == 16) {
+    switch (t.kind) {
+      case kBf16: return RowBlockAvx512<kBf16>(t, n0, n1);
+      case kInt8: return RowBlockAvx512<kInt8>(t, n0, n1);
+      default: return RowBlockAvx512<kInt4>(t, n0, n1);
+    }
+  }
+  if (lanes == 8) {
+    switch (t.kind) {
+      case kBf16: return RowBlockAvx2<kBf16>(t, n0, n1);
+      case kInt8: return RowBlockAvx2<kInt8>(t, n0, n1);
+      default: return RowBlockAvx2<kInt4>(t, n0, n1);
+    }
   }
 #endif
   RowBlockPortable(t, n0, n1);
@@ -274,6 +440,22 @@ ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<f
   }
   QTask t{x.typed_data(), w, scale, y->typed_data(), live.rows(), live.count(), N, D, G, kind};
   if (t.M == 0) return ffi::Error::Success();
+  // The vector paths' permuted copy of the live rows of x (M x Dc floats: small beside the weights).
+  thread_local std::vector<float> xp;
+  const int64_t lanes = VectorLanes();
+  if (lanes > 0) {
+    const int64_t width = ChunkWidth(kind, lanes);
+    t.Dc = D / width * width;
+    xp.resize(std::max<int64_t>(1, t.M * t.Dc));
+    for (int64_t m = 0; m < t.M; ++m) {
+      const float* xr = t.x + t.row[m] * D;
+      float* out = xp.data() + m * t.Dc;
+      for (int64_t c = 0; c < t.Dc; c += width)
+        for (int64_t p = 0; p < width; ++p) out[c + p] = xr[c + ChunkColumn(kind, lanes, p)];
+    }
+    t.xp = xp.data();
+    t.lanes = lanes;
+  }
   specjax::RunRowBlocks(N, t.M * N * D, pool.num_threads(),
                         [&t](int64_t n0, int64_t n1) { RowBlock(t, n0, n1); });
   return ffi::Error::Success();
