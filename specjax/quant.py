@@ -4,23 +4,28 @@ Decode is bandwidth-bound, so the bytes per weight are the speed.  A quantized m
 compact data, its scales and (static) its kind.  The activations stay in the compute dtype (fp32 on the CPU,
 bf16 on accelerators); only the weights shrink.
 
-  kind  data                         scale                       bits/weight   dequantized value
-  bf16  bfloat16 [N, D]              none                        16            the bf16 value
-  int8  int8 [N, D]                  fp32 [N]   (per output row) 8 + 32/D      q * scale[n]
-  int4  uint8 [N, D/2] (two a byte)  fp32 [N, D/G] (per group)   4 + 32/G      (nibble - 8) * scale[n, d // G]
+  kind  data                         scale, offset (per group)        bits/weight   dequantized value
+  bf16  bfloat16 [N, D]              none                             16            the bf16 value
+  int8  int8 [N, D]                  scale fp32 [N, D/G]              8 + 32/G      q * scale[n, d // G]
+  int4  uint8 [N, D/2] (two a byte)  scale, offset fp32 [N, D/G]      4 + 64/G      nibble * scale + offset
 
-Scales are symmetric: int8 ``amax(row) / 127``, int4 ``amax(group) / 7`` (values clipped to -8..7).  int4
-packs each block of 32 columns into 16 bytes: byte j holds column j in its low nibble and column j + 16 in
-its high one (GGUF's Q4_0 layout, so Q4_0 blocks map onto it).  The group G is 32 (default) or 64 and must
-divide D; a matrix whose D it does not divide is kept in int8 instead (said once on stderr).
+Groups run along the input (G = 64 for int8, 32 for int4 by default; 32 or 64 either way).  int8 is
+symmetric, ``amax(group) / 127``; int4 is asymmetric, the group's [min, max] in 16 steps (offset = min).
+Measured on SmolLM2-135M (perplexity on ``experiments/weights.TEXT`` against fp32; docs/BENCHMARKS.md):
+int8 per output row +1.6%, per group of 64 −0.4%; int4 symmetric per group of 32 +9% to +24% (with or
+without a searched clipping scale), asymmetric −0.5%: SmolLM2's GGUF is itself Q4_1 (4-bit asymmetric groups
+of 32), which asymmetric int4 represents exactly and symmetric cannot.  int4 packs each block of 32 columns
+into 16 bytes: byte j holds column j in its low nibble and column j + 16 in its high one (GGUF's Q4_1 layout,
+so Q4_0, Q4_1 and Q4_K blocks map onto it exactly).  Where a group does not divide a matrix's input size,
+groups of 32 are used, and where 32 does not either, the matrix stays bf16 (said once on stderr).
 
 Which tensors take the chosen kind (``quantize_params``): the layer matrices (w_qkv, wo, w_gate_up, w_down)
 always; the embedding and the LM head too, except at int4, where they stay int8: the head is a large share
 of a small model's bytes but also the tensor most sensitive to rounding (a tied SmolLM2 head is 21% of its
-weights), and one int8 head costs 1 byte per weight where the rest of the model costs 0.56.  Norms and
-biases stay fp32 (a few KB).
+weights), and one int8 head costs ~1.06 bytes per weight where the rest of the model costs 0.75.  Norms
+and biases stay fp32 (a few KB).
 
-Stacked layer tensors keep their leading layer axis L on every field ([L, N, D] data, [L, N] scales).
+Stacked layer tensors keep their leading layer axis L on every field ([L, N, D] data, [L, N, D/G] scales).
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from specjax.errors import SpecjaxError
 
 KINDS = ("fp32", "bf16", "int8", "int4")
 QUANTIZED = ("bf16", "int8", "int4")
-GROUP = 32                   # int4 scale group along the input (32 or 64)
+GROUPS = {"int8": 64, "int4": 32}     # default scale group along the input (32 or 64 for either)
+GROUP = 32                   # the int4 default (kept as a name for callers)
 BLOCK = 32                   # int4 packing block (16 bytes per 32 columns)
 MATRICES = ("w_qkv", "wo", "w_gate_up", "w_down")
 _WARNED: set = set()
@@ -50,6 +56,7 @@ class QWeight:
   scale: jax.Array | None
   kind: str = dataclasses.field(metadata=dict(static=True))
   group: int = dataclasses.field(default=GROUP, metadata=dict(static=True))
+  offset: jax.Array | None = None     # int4: the group minimum
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -58,21 +65,19 @@ class QWeight:
 
   @property
   def nbytes(self) -> int:
-    return int(self.data.size * self.data.dtype.itemsize
-               + (0 if self.scale is None else self.scale.size * self.scale.dtype.itemsize))
+    return int(sum(x.size * x.dtype.itemsize for x in (self.data, self.scale, self.offset) if x is not None))
 
   def dequantize(self, dtype=jnp.float32) -> jax.Array:
-    return dequantize(self.kind, self.data, self.scale, self.group, dtype)
+    return dequantize(self.kind, self.data, self.scale, self.group, dtype, self.offset)
 
   def take_rows(self, ids, dtype=jnp.float32) -> jax.Array:
     """Rows ``ids`` of a [N, D] weight, dequantized (an embedding lookup): [..., D]."""
-    scale = None if self.scale is None else jnp.take(self.scale, ids, axis=0)
-    return dequantize(self.kind, jnp.take(self.data, ids, axis=0), scale, self.group, dtype)
+    return self.select_rows(ids).dequantize(dtype)
 
   def select_rows(self, ids) -> "QWeight":
     """The weight restricted to rows ``ids``, still quantized (a reduced-vocabulary head)."""
-    scale = None if self.scale is None else jnp.take(self.scale, ids, axis=0)
-    return QWeight(jnp.take(self.data, ids, axis=0), scale, self.kind, self.group)
+    take = lambda x: None if x is None else jnp.take(x, ids, axis=0)   # noqa: E731
+    return QWeight(take(self.data), take(self.scale), self.kind, self.group, take(self.offset))
 
 
 def is_quantized(w: Any) -> bool:
@@ -87,75 +92,86 @@ def _is_leaf(x) -> bool:
 # Quantize / dequantize (numpy on the host for loading; jnp for the reference and the XLA path)
 
 
-def quantize(kind: str, w, group: int = GROUP) -> QWeight:
-  """Quantize a float matrix [..., N, D] (numpy or jax) to ``kind`` ('bf16', 'int8' or 'int4'), on the host."""
+def quantize(kind: str, w, group: int | None = None) -> QWeight:
+  """Quantize a float matrix [..., N, D] (numpy or jax) to ``kind`` ('bf16', 'int8' or 'int4'), on the host;
+  ``group``: the scale group along the input (default ``GROUPS[kind]``)."""
   if kind not in QUANTIZED:
     raise SpecjaxError(f"unknown weight type '{kind}': use one of {', '.join(KINDS)}")
   w = np.asarray(w, np.float32)
   if kind == "bf16":
     return QWeight(jnp.asarray(w.astype(jnp.bfloat16)), None, "bf16")
-  if kind == "int8":
-    amax = np.max(np.abs(w), axis=-1)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
-    return QWeight(jnp.asarray(q), jnp.asarray(scale), "int8")
+  group = group or GROUPS[kind]
   if group not in (32, 64):
-    raise SpecjaxError(f"int4 group size {group}: use 32 or 64")
+    raise SpecjaxError(f"{kind} group size {group}: use 32 or 64")
   D = w.shape[-1]
-  if D % group or D % BLOCK:
-    raise SpecjaxError(f"int4 needs the input size ({D}) to be a multiple of the group ({group})")
+  if D % group:
+    raise SpecjaxError(f"{kind} needs the input size ({D}) to be a multiple of the group ({group})")
   g = w.reshape(*w.shape[:-1], D // group, group)
-  amax = np.max(np.abs(g), axis=-1)
-  scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
-  q = (np.clip(np.rint(g / scale[..., None]), -8, 7).astype(np.int16) + 8).astype(np.uint8)
-  q = q.reshape(*w.shape[:-1], D // BLOCK, 2, BLOCK // 2)           # [..., blocks, lo/hi half, 16]
-  packed = (q[..., 0, :] | (q[..., 1, :] << 4)).astype(np.uint8)    # byte j: col j low, col j + 16 high
-  return QWeight(jnp.asarray(packed.reshape(*w.shape[:-1], D // 2)), jnp.asarray(scale), "int4", group)
+  if kind == "int8":
+    amax = np.max(np.abs(g), axis=-1)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(g / scale[..., None]), -127, 127).astype(np.int8)
+    return QWeight(jnp.asarray(q.reshape(w.shape)), jnp.asarray(scale), "int8", group)
+  lo, hi = np.min(g, axis=-1), np.max(g, axis=-1)
+  scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(np.float32)
+  q = np.clip(np.rint((g - lo[..., None]) / scale[..., None]), 0, 15).astype(np.uint8)
+  return QWeight(jnp.asarray(pack_int4(q.reshape(w.shape))), jnp.asarray(scale), "int4", group,
+                 jnp.asarray(lo.astype(np.float32)))
+
+
+def pack_int4(q):
+  """uint8 nibble values [..., D] (0..15) -> packed uint8 [..., D/2]: per block of 32 columns, byte j holds
+  column j (low nibble) and column j + 16 (high nibble)."""
+  q = np.asarray(q, np.uint8)
+  D = q.shape[-1]
+  blocks = q.reshape(*q.shape[:-1], D // BLOCK, 2, BLOCK // 2)
+  return (blocks[..., 0, :] | (blocks[..., 1, :] << 4)).astype(np.uint8).reshape(*q.shape[:-1], D // 2)
 
 
 def unpack_int4(packed):
-  """uint8 [..., D/2] -> the nibble values - 8 as int8 [..., D] (jnp)."""
+  """Packed uint8 [..., D/2] -> the nibble values as uint8 [..., D] (jnp)."""
   p = jnp.asarray(packed)
   blocks = p.reshape(*p.shape[:-1], -1, BLOCK // 2)
-  lo = (blocks & 15).astype(jnp.int8) - 8
-  hi = (blocks >> 4).astype(jnp.int8) - 8
-  return jnp.concatenate([lo, hi], axis=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+  return jnp.concatenate([blocks & 15, blocks >> 4], axis=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
 
 
-def dequantize(kind: str, data, scale, group: int = GROUP, dtype=jnp.float32) -> jax.Array:
+def dequantize(kind: str, data, scale, group: int = GROUP, dtype=jnp.float32, offset=None) -> jax.Array:
   """The float matrix a quantized one stands for (the references dequantize, then multiply)."""
   if kind == "bf16":
     return jnp.asarray(data).astype(dtype)
-  if kind == "int8":
-    return (jnp.asarray(data).astype(jnp.float32) * scale[..., None]).astype(dtype)
+  q = (unpack_int4(data) if kind == "int4" else jnp.asarray(data)).astype(jnp.float32)
+  if kind not in ("int8", "int4"):
+    raise ValueError(f"not a quantized kind: {kind!r}")
+  D = q.shape[-1]
+  w = q.reshape(*q.shape[:-1], D // group, group) * scale[..., None]
   if kind == "int4":
-    q = unpack_int4(data).astype(jnp.float32)
-    D = q.shape[-1]
-    w = q.reshape(*q.shape[:-1], D // group, group) * scale[..., None]
-    return w.reshape(q.shape).astype(dtype)
-  raise ValueError(f"not a quantized kind: {kind!r}")
+    w = w + offset[..., None]
+  return w.reshape(q.shape).astype(dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Whole models
 
 
-def weight_kind(name: str, kind: str, D: int, group: int = GROUP) -> str:
-  """The kind tensor ``name`` (with input size D) takes when a model is quantized to ``kind``."""
-  if kind == "fp32":
-    return "fp32"
+def weight_kind(name: str, kind: str, D: int) -> tuple[str, int | None]:
+  """(kind, group) tensor ``name`` (with input size D) takes when a model is quantized to ``kind``: the
+  embedding and head int8 under int4; a group that does not divide D replaced by 32, else the matrix kept in
+  bf16 (said once on stderr)."""
+  if kind in ("fp32", "bf16"):
+    return kind, None
   if name in ("embed", "lm_head") and kind == "int4":
-    return "int8"
-  if kind == "int4" and (D % group or D % BLOCK):
-    if name not in _WARNED:
-      _WARNED.add(name)
-      sys.stderr.write(f"[specjax] int4: '{name}' has an input size ({D}) that is not a multiple of {group}; "
-                       "kept in int8\n")
-    return "int8"
-  return kind
+    kind = "int8"
+  for group in dict.fromkeys((GROUPS[kind], 32)):
+    if D % group == 0:
+      return kind, group
+  if (name, kind) not in _WARNED:
+    _WARNED.add((name, kind))
+    sys.stderr.write(f"[specjax] {kind}: '{name}' has an input size ({D}) that is not a multiple of 32; "
+                     "kept in bf16\n")
+  return "bf16", None
 
 
-def quantize_params(params: dict, kind: str, group: int = GROUP) -> dict:
+def quantize_params(params: dict, kind: str) -> dict:
   """A model's parameters with its matrices quantized to ``kind`` by the policy in the module docstring.
   Norms, biases and any tensor not a matrix stay as they are.  'fp32' returns the parameters unchanged."""
   if kind not in KINDS:
@@ -166,7 +182,8 @@ def quantize_params(params: dict, kind: str, group: int = GROUP) -> dict:
   def one(name, w):
     if isinstance(w, QWeight):
       raise SpecjaxError(f"'{name}' is already quantized ({w.kind}): load the model in fp32 to requantize")
-    return quantize(weight_kind(name, kind, w.shape[-1], group), w, group)
+    k, group = weight_kind(name, kind, w.shape[-1])
+    return quantize(k, w, group)
 
   out = dict(params)
   for name in ("embed", "lm_head"):
@@ -220,6 +237,7 @@ def param_bytes(params) -> int:
                  for x in jax.tree_util.tree_leaves(params, is_leaf=_is_leaf)))
 
 
-def bits_per_weight(kind: str, D: int = 4096, group: int = GROUP) -> float:
-  """Bits read per weight for a layer matrix of kind ``kind`` with input size D (scales included)."""
-  return {"fp32": 32.0, "bf16": 16.0, "int8": 8.0 + 32.0 / D, "int4": 4.0 + 32.0 / group}[kind]
+def bits_per_weight(kind: str) -> float:
+  """Bits read per weight of a layer matrix of kind ``kind`` (scales and offsets included)."""
+  return {"fp32": 32.0, "bf16": 16.0, "int8": 8.0 + 32.0 / GROUPS["int8"],
+          "int4": 4.0 + 64.0 / GROUPS["int4"]}[kind]

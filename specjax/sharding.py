@@ -101,15 +101,11 @@ def _leaf_name(path) -> str:
 
 
 def _quantized_specs(name: str, w: quant.QWeight, mesh: Mesh) -> quant.QWeight:
-  """A quantized weight's specs: the data as its matrix's rule; the scales with their rows (int8: one per
-  output row, so the rule's row axis; int4: [rows, groups], so the whole rule)."""
+  """A quantized weight's specs: the data as its matrix's rule; the group scales and offsets [rows, groups]
+  the same rule (an axis that does not divide their groups is left whole)."""
   rule = RULES.get(name)
-  if rule is None:
-    return dataclasses.replace(w, data=P(), scale=None if w.scale is None else P())
-  scale = None
-  if w.scale is not None:
-    scale = _fit(rule[:1] if w.kind == "int8" else rule, w.scale.shape, mesh)
-  return dataclasses.replace(w, data=_fit(rule, w.data.shape, mesh), scale=scale)
+  spec = lambda x: None if x is None else (P() if rule is None else _fit(rule, x.shape, mesh))   # noqa: E731
+  return dataclasses.replace(w, data=spec(w.data), scale=spec(w.scale), offset=spec(w.offset))
 
 
 def param_specs(params, mesh: Mesh):

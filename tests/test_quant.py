@@ -1,5 +1,7 @@
 """Quantized weights (quant.py, kernels/cpu_qmatmul.*): storage, the native kernel against its reference on every
 instruction-set path, the model on each weight type, greedy exactness and lossless sampling at int4, bad input."""
+import dataclasses
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,8 @@ from specjax.kernels import cpu_qmatmul, dispatch, native
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
 
 KINDS = ("bf16", "int8", "int4")
-SHAPES = [(1, 70, 96), (2, 9, 17), (3, 37, 64), (5, 45, 101), (7, 64, 160), (16, 21, 32), (40, 130, 256)]
+SHAPES = [(1, 70, 96), (2, 9, 17), (3, 37, 64), (5, 45, 101), (7, 64, 192), (16, 21, 32), (40, 130, 256),
+          (9, 11, 576)]
 PATHS = [p for p in native.ISAS if native.available() and native.ISAS.index(p) <= native.ISAS.index(
     native.detected_isa())]
 
@@ -20,6 +23,7 @@ def _weight(kind, N, D, group=32, seed=0):
   r = np.random.default_rng(seed)
   # rows and groups of very different magnitudes: a scale taken from the wrong row or group shows
   w = r.standard_normal((N, D)) * np.exp(r.uniform(-2, 2, (N, 1))) * np.exp(r.uniform(-1, 1, (1, D)))
+  w = w + r.uniform(-1, 1, (N, 1)) * np.abs(w).mean()     # groups not centred on 0: offsets matter
   return quant.quantize(kind, w.astype(np.float32), group)
 
 
@@ -37,28 +41,42 @@ def test_storage_formats_and_bytes():
   w = r.standard_normal((6, 64)).astype(np.float32)
   b, i8, i4 = (quant.quantize(k, w) for k in KINDS)
   assert b.data.dtype == jnp.bfloat16 and b.scale is None and b.nbytes == 6 * 64 * 2
-  assert i8.data.dtype == jnp.int8 and i8.scale.shape == (6,) and i8.nbytes == 6 * 64 + 6 * 4
-  assert i4.data.shape == (6, 32) and i4.scale.shape == (6, 2) and i4.nbytes == 6 * 32 + 12 * 4
-  assert all(q.shape == (6, 64) for q in (b, i8, i4))
+  assert i8.data.dtype == jnp.int8 and i8.scale.shape == (6, 1) and i8.nbytes == 6 * 64 + 6 * 4   # groups of 64
+  assert i4.data.shape == (6, 32) and i4.scale.shape == i4.offset.shape == (6, 2)                # groups of 32
+  assert i4.nbytes == 6 * 32 + 2 * 12 * 4 and all(q.shape == (6, 64) for q in (b, i8, i4))
   # int4 layout: byte j of a block holds column j (low nibble) and column j + 16 (high nibble)
   q = np.asarray(quant.unpack_int4(i4.data))
   packed = np.asarray(i4.data)
-  assert np.array_equal(packed[:, :16] & 15, q[:, :16] + 8) and np.array_equal(packed[:, :16] >> 4, q[:, 16:32] + 8)
-  # round trip error within half a step
-  for qw, step in ((i8, i8.scale[:, None]), (i4, np.repeat(np.asarray(i4.scale), 32, axis=1))):
-    assert np.all(np.abs(np.asarray(qw.dequantize()) - w) <= np.asarray(step) * 0.5 + 1e-6)
-  assert quant.bits_per_weight("int4") == 5.0 and quant.param_bytes({"a": i4, "b": jnp.zeros(3)}) == i4.nbytes + 12
+  assert np.array_equal(packed[:, :16] & 15, q[:, :16]) and np.array_equal(packed[:, :16] >> 4, q[:, 16:32])
+  assert q.min() == 0 and q.max() == 15           # asymmetric: each group's min and max are levels
+  # round trip within half a step
+  for qw, step in ((i8, np.repeat(np.asarray(i8.scale), 64, axis=1)), (i4, np.repeat(np.asarray(i4.scale), 32, axis=1))):
+    assert np.all(np.abs(np.asarray(qw.dequantize()) - w) <= step * 0.5 + 1e-6)
+  assert quant.bits_per_weight("int4") == 6.0 and quant.param_bytes({"a": i4, "b": jnp.zeros(3)}) == i4.nbytes + 12
 
 
-def test_group_of_64_and_bad_groups():
+def test_q4_1_style_groups_are_represented_exactly():
+  """A matrix already on a 4-bit asymmetric grid per 32 columns (what a Q4_1 GGUF dequantizes to: SmolLM2's)
+  comes back exactly; a symmetric grid could not hold it."""
+  r = np.random.default_rng(7)
+  lo = r.uniform(-1, 0, (5, 4, 1))
+  step = r.uniform(0.01, 0.1, (5, 4, 1))
+  grid = (lo + step * r.integers(0, 16, (5, 4, 32))).astype(np.float32)
+  grid[..., 0], grid[..., 1] = lo[..., 0], (lo + 15 * step)[..., 0]          # the extremes are levels
+  w = grid.reshape(5, 128)
+  np.testing.assert_allclose(np.asarray(quant.quantize("int4", w).dequantize()), w, rtol=0, atol=1e-6)
+
+
+def test_groups_and_bad_groups():
   w = np.random.default_rng(2).standard_normal((4, 128)).astype(np.float32)
-  q = quant.quantize("int4", w, 64)
-  assert q.scale.shape == (4, 2) and q.group == 64
-  assert _rel(q.dequantize(), w) < 0.2
+  for kind, group in (("int4", 64), ("int8", 32)):
+    q = quant.quantize(kind, w, group)
+    assert q.scale.shape == (4, 128 // group) and q.group == group
+    assert _rel(q.dequantize(), w) < (0.2 if kind == "int4" else 0.01)
   with pytest.raises(SpecjaxError, match="multiple of the group"):
     quant.quantize("int4", w[:, :48], 32)
   with pytest.raises(SpecjaxError, match="use 32 or 64"):
-    quant.quantize("int4", w, 16)
+    quant.quantize("int8", w, 16)
   with pytest.raises(SpecjaxError, match="unknown weight type 'int3'"):
     quant.quantize("int3", w)
 
@@ -83,24 +101,23 @@ def test_kernel_equals_reference(path, restore_isa):
   r = np.random.default_rng(3)
   for kind in KINDS:
     for M, N, D in SHAPES:
-      for group in ((32, 64) if kind == "int4" and D % 64 == 0 else (32,)):
-        if kind == "int4" and D % 32:
+      for group in ((32, 64) if kind != "bf16" and D % 64 == 0 else (32,)):
+        if kind != "bf16" and D % 32:
           continue
         w = _weight(kind, N, D, group, seed=M)
         x = jnp.asarray(r.standard_normal((M, D)), jnp.float32)
         ref = cpu_qmatmul.qmatmul_t_reference(x, w)
         out = kernel(x, w)
         assert _rel(out, ref) <= 1e-5, (path, kind, M, N, D, group, _rel(out, ref))
-        if kind == "int4" and M == 7:   # the check has power: a wrong group scale or nibble half is caught
-          s = np.asarray(w.scale)
-          wrong_group = quant.QWeight(w.data, jnp.asarray(np.roll(s, 1, axis=1)), "int4", group)
-          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, wrong_group)) > 1e-2
-          p = np.asarray(w.data)
-          swapped = quant.QWeight(jnp.asarray((p >> 4) | ((p & 15) << 4)), w.scale, "int4", group)
-          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, swapped)) > 1e-2
-        if kind == "int8" and M == 5:
-          wrong_row = quant.QWeight(w.data, jnp.roll(w.scale, 1), "int8")
-          assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, wrong_row)) > 1e-2
+        if kind != "bf16" and M == 7:   # the check has power: a wrong group's scale or offset, or nibble half
+          roll = lambda a: jnp.asarray(np.roll(np.asarray(a), 1, axis=1))   # noqa: E731
+          wrong = [dataclasses.replace(w, scale=roll(w.scale))]
+          if kind == "int4":
+            p = np.asarray(w.data)
+            wrong += [dataclasses.replace(w, offset=roll(w.offset)),
+                      dataclasses.replace(w, data=jnp.asarray((p >> 4) | ((p & 15) << 4)))]
+          for bad in wrong:
+            assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, bad)) > 1e-2
 
 
 @pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
@@ -110,8 +127,8 @@ def test_kernel_live_rows_and_row_bits(path, restore_isa):
   assert native.set_isa(path) == path
   r = np.random.default_rng(4)
   for kind in KINDS:
-    w = _weight(kind, 38, 96, seed=9)
-    x = jnp.asarray(r.standard_normal((12, 96)), jnp.float32)
+    w = _weight(kind, 38, 128, seed=9)
+    x = jnp.asarray(r.standard_normal((12, 128)), jnp.float32)
     live = jnp.asarray([2, 0, 4], jnp.int32)           # 3 groups of 4 rows
     out = np.asarray(cpu_qmatmul.qmatmul_t_native(x, w, live, 4))
     ref = np.asarray(cpu_qmatmul.qmatmul_t_reference(x, w, live, 4))
@@ -218,20 +235,21 @@ def test_scales_are_sharded_with_their_weights(fp32_params):
     qkv, wo = specs["layers"]["w_qkv"], specs["layers"]["wo"]
     assert qkv.data == jax.sharding.PartitionSpec(None, "model", None)     # column-parallel rows
     assert wo.data == jax.sharding.PartitionSpec(None, None, "model")      # row-parallel inputs
-    if kind == "int8":   # one scale per output row: split with the rows, whole for a row-parallel matrix
-      assert qkv.scale == jax.sharding.PartitionSpec(None, "model") and wo.scale == jax.sharding.PartitionSpec(None, None)
-    else:                # [rows, groups]: the matrix's own rule (here wo has one group: left whole)
-      assert qkv.scale == jax.sharding.PartitionSpec(None, "model", None)
-      assert wo.scale == jax.sharding.PartitionSpec(None, None, None)
-      wide = quant.quantize("int4", np.zeros((2, 8, 128), np.float32))
-      assert sharding._quantized_specs("wo", wide, FakeMesh()).scale == jax.sharding.PartitionSpec(None, None, "model")
+    # group scales [rows, groups]: the matrix's own rule (here wo has one group: left whole)
+    assert qkv.scale == jax.sharding.PartitionSpec(None, "model", None)
+    assert wo.scale == jax.sharding.PartitionSpec(None, None, None)
+    wide = sharding._quantized_specs("wo", quant.quantize(kind, np.zeros((2, 8, 256), np.float32)), FakeMesh())
+    assert wide.scale == jax.sharding.PartitionSpec(None, None, "model")
+    if kind == "int4":
+      assert wide.offset == wide.scale
 
 
-def test_int4_falls_back_to_int8_where_groups_do_not_fit(capsys):
-  cfg = config.TINY.replace(name="odd", d_model=48, head_dim=12)
+def test_matrices_whose_groups_do_not_fit_fall_back(capsys):
+  cfg = config.TINY.replace(name="odd", d_model=96, head_dim=24, ffn_dim=80)   # 96: int4 fits, int8 does not
   p = quant.quantize_params(model.init_params(cfg, jax.random.PRNGKey(0)), "int4")
-  assert p["layers"]["w_qkv"].kind == "int8" and p["layers"]["w_down"].kind == "int4"   # F = 64 fits
-  assert "kept in int8" in capsys.readouterr().err or "w_qkv" in quant._WARNED
+  assert p["layers"]["w_qkv"].kind == "int4" and p["layers"]["w_down"].kind == "bf16"   # F = 80: no group fits
+  assert p["embed"].kind == "int8" and p["embed"].group == 32      # the head's int8, in groups of 32 (64 > 96 % 64)
+  assert "kept in bf16" in capsys.readouterr().err or ("w_down", "int4") in quant._WARNED
 
 
 def test_bad_weight_types_are_one_line_errors():

@@ -1,16 +1,17 @@
 // specjax CPU kernel: y[M, N] = x[M, D] . dequantize(w)[N, D]^T for a few rows M, with w kept compact.
 //
 // The same streaming design as cpu_matmul.cc (each weight row read once for all M rows of x, split over a
-// few threads), but the weights arrive as bf16, int8 or int4 and are widened to fp32 in registers, 16 (or 8)
-// columns at a time, just before their multiply-adds: a decode step then reads 2, 4 or ~7 times fewer bytes.
-// The activations and the accumulation stay fp32.  Formats (quant.py):
-//   bf16  bf16 [N, D] (read as its u16 bits)                         w = bits << 16
-//   int8  s8  [N, D], scale f32 [N]                                   w = q * scale[n]
-//   int4  u8  [N, D/2], scale f32 [N, D/G]; each 32-column block is 16 bytes, byte j holding column j in its
-//         low nibble and column j + 16 in its high one                w = (nibble - 8) * scale[n, d / G]
-// Every path dequantizes a weight exactly as the reference does (one fp32 multiply), then multiplies and adds:
-// the result equals qmatmul_t_reference up to the order of the sums, and a row's bits do not depend on how
-// many other rows are computed beside it.
+// few threads), but the weights arrive as bf16, int8 or int4 and are widened to fp32 in registers just before
+// their multiply-adds: a decode step then reads 2, ~3.8 or ~6 times fewer bytes.  The activations and the
+// accumulation stay fp32.  Formats (quant.py; G, the group along the input, is 32 or 64):
+//   bf16  bf16 [N, D] (read as its u16 bits)                          w = bits << 16
+//   int8  s8  [N, D], scale f32 [N, D/G]                              w = q * scale[n, d / G]
+//   int4  u8  [N, D/2], scale and offset f32 [N, D/G]; each 32-column block is 16 bytes, byte j holding column j
+//         in its low nibble and column j + 16 in its high one        w = nibble * scale[n, d/G] + offset[n, d/G]
+// (int4 is GGUF's Q4_1 layout, so Q4_0, Q4_1 and Q4_K blocks map onto it exactly.)  The vector paths sum each
+// chunk's products of raw integers and x, then scale the sum (and add offset x the chunk's sum of x): the same
+// value as qmatmul_t_reference (dequantize, then multiply) up to the order of the sums, and a row's bits do
+// not depend on how many other rows are computed beside it.
 //
 // FFI targets "specjax_qmatmul_bf16", "specjax_qmatmul_int8", "specjax_qmatmul_int4" (cpu_qmatmul.py).
 // Paths as in cpu_matmul.cc (isa.h): AVX-512F, AVX2+FMA, portable.
@@ -34,7 +35,8 @@ enum Kind { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
 struct QTask {
   const float* x;        // [rows, D]
   const uint8_t* w;      // the compact weight (see the formats above), as bytes
-  const float* scale;    // int8 [N], int4 [N, D/G]; null for bf16
+  const float* scale;    // int8, int4 [N, D/G]; null for bf16
+  const float* offset;   // int4 [N, D/G]; null otherwise
   float* y;              // [rows, N]
   const int64_t* row;    // [M]: the rows of x (and y) computed
   int64_t M, N, D, G;
@@ -49,6 +51,10 @@ struct QTask {
 // k of the chunk takes the k-th of each lane.  x is permuted once per call to match: chunk position k*L + i
 // holds the column that lane i's k-th weight multiplies.  Chunk widths: bf16 2L, int8 4L, int4 8L columns.
 inline int64_t ChunkWidth(Kind kind, int64_t L) { return kind == kBf16 ? 2 * L : kind == kInt8 ? 4 * L : 8 * L; }
+
+// Floats per chunk in the permuted x: its columns, and for int4 one more vector, lane i's sum of x over its 8
+// columns (what the chunk's offsets multiply).
+inline int64_t ChunkStride(Kind kind, int64_t L) { return ChunkWidth(kind, L) + (kind == kInt4 ? L : 0); }
 
 inline int64_t ChunkColumn(Kind kind, int64_t L, int64_t p) {
   const int64_t k = p / L, i = p % L;
@@ -72,11 +78,12 @@ inline float Weight(const QTask& t, int64_t n, int64_t d) {
       return f;
     }
     case kInt8:
-      return static_cast<float>(static_cast<int8_t>(t.w[n * t.D + d])) * t.scale[n];
+      return static_cast<float>(static_cast<int8_t>(t.w[n * t.D + d])) * t.scale[n * (t.D / t.G) + d / t.G];
     default: {
       const uint8_t byte = t.w[n * (t.D / 2) + (d / 32) * 16 + (d & 15)];
-      const int v = ((d & 16) ? (byte >> 4) : (byte & 15)) - 8;
-      return static_cast<float>(v) * t.scale[n * (t.D / t.G) + d / t.G];
+      const int v = (d & 16) ? (byte >> 4) : (byte & 15);
+      const int64_t g = n * (t.D / t.G) + d / t.G;
+      return static_cast<float>(v) * t.scale[g] + t.offset[g];
     }
   }
 }
@@ -108,14 +115,15 @@ SPECJAX_TARGET_AVX512 inline __m512 Load16(const QTask& t, int64_t n, int64_t d)
     }
     case kInt8: {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.w + n * t.D + d));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(b))), _mm512_set1_ps(t.scale[n]));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(b))),
+                           _mm512_set1_ps(t.scale[n * (t.D / t.G) + d / t.G]));
     }
     default: {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.w + n * (t.D / 2) + (d / 32) * 16));
       __m512i v = _mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(b));   // (two steps: SIMDe lacks the one)
       v = (d & 16) ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(15));
-      v = _mm512_sub_epi32(v, _mm512_set1_epi32(8));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(t.scale[n * (t.D / t.G) + d / t.G]));
+      const int64_t g = n * (t.D / t.G) + d / t.G;
+      return _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(t.scale[g]), _mm512_set1_ps(t.offset[g]));
     }
   }
 }
@@ -127,21 +135,30 @@ SPECJAX_TARGET_AVX512 inline __m512 LoadTail16(const QTask& t, int64_t n, int64_
   return _mm512_loadu_ps(lanes);
 }
 
-// Nibble K of every lane as the float (nibble - 8), exactly: OR-ing 4 bits into the mantissa of 2^23 makes
-// 2^23 + nibble, and subtracting 2^23 + 8 is exact.
+// Nibble K of every lane as a float, exactly: OR-ing 4 bits into the mantissa of 2^23 makes 2^23 + nibble, and
+// subtracting 2^23 is exact.
 template <int K>
 SPECJAX_TARGET_AVX512 inline __m512 Nibble512(__m512i v) {
   const __m512i shifted = K == 0 ? v : _mm512_srli_epi32(v, 4 * K);
   const __m512i bits = _mm512_ternarylogic_epi32(shifted, _mm512_set1_epi32(15), _mm512_set1_epi32(0x4B000000),
                                                  0xEA);   // (a & b) | c
-  return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(8388616.0f));
+  return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(8388608.0f));
+}
+
+// The per-lane vector of a chunk's group values (scales or offsets) from p, the chunk's first group.
+SPECJAX_TARGET_AVX512 inline __m512 GroupVector512(__m512i idx, int64_t per_chunk, const float* p) {
+  const __m128 s4 = per_chunk == 4 ? _mm_loadu_ps(p)
+                    : per_chunk == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)))
+                                     : _mm_set1_ps(*p);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s4));
 }
 
 // NR rows of w from n against MB <= 4 live rows of x from m0.  Per chunk, each weight vector is loaded once
-// and widened with shifts and masks; each sub-vector of x, loaded once, feeds NR * MB multiply-adds.  int8: the
-// row's scale multiplies its finished sum; int4: each chunk's partial sums (over its 8 nibbles) are scaled by
-// their blocks' scales (lanes 4b..4b+3 hold block b).  Each (weight row, x row) pair has its own accumulator
-// and the same sequence of operations whatever NR and MB: a row's bits do not depend on the others.
+// and widened with shifts and masks; each sub-vector of x, loaded once, feeds NR * MB multiply-adds.  int8 and
+// int4: a chunk's sums of integer weight x x are scaled by their groups' scales (int8: lanes 8h..8h+7 hold
+// columns 32h..32h+31; int4: lanes 4b..4b+3 hold block b), and int4 adds offset x the lanes' sums of x.  Each
+// (weight row, x row) pair has its own accumulator and the same sequence of operations whatever NR and MB: a
+// row's bits do not depend on the others.
 template <Kind KIND, int NR, int MB>
 SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
   constexpr int64_t L = 16;
@@ -149,19 +166,23 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
   const int64_t row_bytes = KIND == kBf16 ? 2 * t.D : KIND == kInt8 ? t.D : t.D / 2;
   const uint8_t* wr[NR];
   for (int r = 0; r < NR; ++r) wr[r] = t.w + (n + r) * row_bytes;
+  const int64_t S = ChunkStride(KIND, L);
   const float* xp[MB];
-  for (int i = 0; i < MB; ++i) xp[i] = t.xp + (m0 + i) * t.Dc;
+  for (int i = 0; i < MB; ++i) xp[i] = t.xp + (m0 + i) * (t.Dc / W) * S;
   __m512 acc[NR][MB];
   for (int r = 0; r < NR; ++r)
     for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_setzero_ps();
   const int64_t chunks = t.Dc / W;
   const int64_t groups = t.D / t.G;
-  const __m512i scale_idx = t.G == 32 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
-                                      : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  // which of the chunk's group scales each lane takes: the chunk spans W / G groups (int8 W = 64, int4 128)
+  const int64_t per_chunk = W / t.G;
+  const __m512i scale_idx = per_chunk == 4 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+                            : per_chunk == 2 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                                             : _mm512_setzero_si512();
   for (int64_t c = 0; c < chunks; ++c) {
     __m512i v[NR];
     for (int r = 0; r < NR; ++r) v[r] = _mm512_loadu_si512(wr[r] + c * 4 * L);
-    const int64_t o = c * W;
+    const int64_t o = c * S;
     if constexpr (KIND == kBf16) {
       __m512 even[NR], odd[NR];
       for (int r = 0; r < NR; ++r) {
@@ -176,6 +197,7 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
         }
       }
     } else if constexpr (KIND == kInt8) {
+      __m512 part[NR][MB];
 #define SPECJAX_BYTE(SHIFT, K)                                                                       \
       {                                                                                              \
         __m512 q[NR];                                                                                \
@@ -183,18 +205,17 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
           q[r] = _mm512_cvtepi32_ps(_mm512_srai_epi32(SHIFT == 0 ? v[r] : _mm512_slli_epi32(v[r], SHIFT), 24)); \
         for (int i = 0; i < MB; ++i) {                                                               \
           const __m512 xk = _mm512_loadu_ps(xp[i] + o + K * L);                                      \
-          for (int r = 0; r < NR; ++r) acc[r][i] = _mm512_fmadd_ps(q[r], xk, acc[r][i]);             \
+          for (int r = 0; r < NR; ++r)                                                               \
+            part[r][i] = K == 0 ? _mm512_mul_ps(q[r], xk) : _mm512_fmadd_ps(q[r], xk, part[r][i]);   \
         }                                                                                            \
       }
       SPECJAX_BYTE(24, 0) SPECJAX_BYTE(16, 1) SPECJAX_BYTE(8, 2) SPECJAX_BYTE(0, 3)
 #undef SPECJAX_BYTE
-    } else {
-      __m512 scale[NR];
       for (int r = 0; r < NR; ++r) {
-        const float* sp = t.scale + (n + r) * groups + (t.G == 32 ? 4 * c : 2 * c);
-        const __m128 s4 = t.G == 32 ? _mm_loadu_ps(sp) : _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sp)));
-        scale[r] = _mm512_permutexvar_ps(scale_idx, _mm512_castps128_ps512(s4));
+        const __m512 scale = GroupVector512(scale_idx, per_chunk, t.scale + (n + r) * groups + c * per_chunk);
+        for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_fmadd_ps(part[r][i], scale, acc[r][i]);
       }
+    } else {
       __m512 part[NR][MB];
       {
         __m512 nk[NR];
@@ -216,8 +237,14 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
       SPECJAX_NIBBLE(1) SPECJAX_NIBBLE(2) SPECJAX_NIBBLE(3) SPECJAX_NIBBLE(4)
       SPECJAX_NIBBLE(5) SPECJAX_NIBBLE(6) SPECJAX_NIBBLE(7)
 #undef SPECJAX_NIBBLE
-      for (int r = 0; r < NR; ++r)
-        for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_fmadd_ps(part[r][i], scale[r], acc[r][i]);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 scale = GroupVector512(scale_idx, per_chunk, t.scale + (n + r) * groups + c * per_chunk);
+        const __m512 offset = GroupVector512(scale_idx, per_chunk, t.offset + (n + r) * groups + c * per_chunk);
+        for (int i = 0; i < MB; ++i) {
+          acc[r][i] = _mm512_fmadd_ps(part[r][i], scale, acc[r][i]);
+          acc[r][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xp[i] + o + 8 * L), offset, acc[r][i]);
+        }
+      }
     }
   }
   for (int r = 0; r < NR; ++r) {   // the tail past the whole chunks: dequantized 16 at a time, against x itself
@@ -230,9 +257,7 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
         const __mmask16 k = static_cast<__mmask16>((1u << (t.D - d)) - 1);
         tail = _mm512_fmadd_ps(LoadTail16(t, n + r, d), _mm512_maskz_loadu_ps(k, xr + d), tail);
       }
-      float sum = _mm512_reduce_add_ps(acc[r][i]);
-      if constexpr (KIND == kInt8) sum *= t.scale[n + r];
-      t.y[t.row[m0 + i] * t.N + n + r] = sum + _mm512_reduce_add_ps(tail);
+      t.y[t.row[m0 + i] * t.N + n + r] = _mm512_reduce_add_ps(acc[r][i]) + _mm512_reduce_add_ps(tail);
     }
   }
 }
@@ -270,15 +295,15 @@ SPECJAX_TARGET_AVX2 inline __m256 Load8(const QTask& t, int64_t n, int64_t d) {
     }
     case kInt8: {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.w + n * t.D + d));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(t.scale[n]));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_set1_ps(t.scale[n * (t.D / t.G) + d / t.G]));
     }
     default: {
       const __m128i b = _mm_loadl_epi64(
           reinterpret_cast<const __m128i*>(t.w + n * (t.D / 2) + (d / 32) * 16 + (d & 15)));
       __m256i v = _mm256_cvtepu8_epi32(b);
       v = (d & 16) ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
-      v = _mm256_sub_epi32(v, _mm256_set1_epi32(8));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(t.scale[n * (t.D / t.G) + d / t.G]));
+      const int64_t g = n * (t.D / t.G) + d / t.G;
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(t.scale[g]), _mm256_set1_ps(t.offset[g]));
     }
   }
 }
@@ -294,7 +319,7 @@ SPECJAX_TARGET_AVX2 inline __m256 Nibble256(__m256i v) {
   const __m256i shifted = K == 0 ? v : _mm256_srli_epi32(v, 4 * K);
   const __m256i bits = _mm256_or_si256(_mm256_and_si256(shifted, _mm256_set1_epi32(15)),
                                        _mm256_set1_epi32(0x4B000000));
-  return _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(8388616.0f));
+  return _mm256_sub_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(8388608.0f));
 }
 
 // As Row512, 8 lanes: chunks of 16 (bf16), 32 (int8) or 64 (int4: two blocks, lanes 4b..4b+3 block b).
@@ -304,10 +329,11 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
   const int64_t W = ChunkWidth(KIND, L);
   const int64_t row_bytes = KIND == kBf16 ? 2 * t.D : KIND == kInt8 ? t.D : t.D / 2;
   const uint8_t* wr = t.w + n * row_bytes;
+  const int64_t S = ChunkStride(KIND, L);
   const float* xp[MB];
   const float* xr[MB];
   for (int i = 0; i < MB; ++i) {
-    xp[i] = t.xp + (m0 + i) * t.Dc;
+    xp[i] = t.xp + (m0 + i) * (t.Dc / W) * S;
     xr[i] = t.x + t.row[m0 + i] * t.D;
   }
   __m256 acc[MB], tail[MB];
@@ -316,7 +342,7 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
   const int64_t groups = t.D / t.G;
   for (int64_t c = 0; c < chunks; ++c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c * 4 * L));
-    const int64_t o = c * W;
+    const int64_t o = c * S;
     if constexpr (KIND == kBf16) {
       const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
@@ -329,15 +355,16 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
       const __m256 q1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 24));
       const __m256 q2 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 8), 24));
       const __m256 q3 = _mm256_cvtepi32_ps(_mm256_srai_epi32(v, 24));
+      const __m256 scale = _mm256_set1_ps(t.scale[n * groups + c * W / t.G]);   // a chunk lies in one group
       for (int i = 0; i < MB; ++i) {
         const auto a = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xp[i] + o + L), _mm256_mul_ps(q0, _mm256_loadu_ps(xp[i] + o)));
         const auto b = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xp[i] + o + 3 * L), _mm256_mul_ps(q2, _mm256_loadu_ps(xp[i] + o + 2 * L)));
-        acc[i] = _mm256_add_ps(acc[i], _mm256_add_ps(a, b));
+        acc[i] = _mm256_fmadd_ps(_mm256_add_ps(a, b), scale, acc[i]);
       }
     } else {
-      const float* sp = t.scale + n * groups;
-      const float s0 = t.G == 32 ? sp[2 * c] : sp[c], s1 = t.G == 32 ? sp[2 * c + 1] : sp[c];
-      const __m256 scale = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+      const int64_t g0 = n * groups + (t.G == 32 ? 2 * c : c), g1 = t.G == 32 ? g0 + 1 : g0;   // block 0, 1
+      const __m256 scale = _mm256_set_m128(_mm_set1_ps(t.scale[g1]), _mm_set1_ps(t.scale[g0]));
+      const __m256 offset = _mm256_set_m128(_mm_set1_ps(t.offset[g1]), _mm_set1_ps(t.offset[g0]));
       // four short chains of two nibbles each, summed as a tree, then scaled into the row's sum
       const __m256 n0 = Nibble256<0>(v), n1 = Nibble256<1>(v), n2 = Nibble256<2>(v), n3 = Nibble256<3>(v);
       const __m256 n4 = Nibble256<4>(v), n5 = Nibble256<5>(v), n6 = Nibble256<6>(v), n7 = Nibble256<7>(v);
@@ -348,6 +375,7 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
         const __m256 a2 = _mm256_fmadd_ps(n5, _mm256_loadu_ps(xo + 5 * L), _mm256_mul_ps(n4, _mm256_loadu_ps(xo + 4 * L)));
         const __m256 a3 = _mm256_fmadd_ps(n7, _mm256_loadu_ps(xo + 7 * L), _mm256_mul_ps(n6, _mm256_loadu_ps(xo + 6 * L)));
         acc[i] = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)), scale, acc[i]);
+        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(xo + 8 * L), offset, acc[i]);
       }
     }
   }
@@ -362,9 +390,7 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
     for (int i = 0; i < MB; ++i) rest[i] = std::fma(w, xr[i][d], rest[i]);
   }
   for (int i = 0; i < MB; ++i) {
-    float sum = HorizontalSum256(acc[i]);
-    if constexpr (KIND == kInt8) sum *= t.scale[n];
-    t.y[t.row[m0 + i] * t.N + n] = sum + (HorizontalSum256(tail[i]) + rest[i]);
+    t.y[t.row[m0 + i] * t.N + n] = HorizontalSum256(acc[i]) + (HorizontalSum256(tail[i]) + rest[i]);
   }
 }
 
@@ -417,8 +443,8 @@ void RowBlock(const QTask& t, int64_t n0, int64_t n1) {
 
 // x [M, D] fp32, w (bytes of the compact weight, N rows), scale, rows [group, live...] -> y [M, N] fp32.
 ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, const uint8_t* w,
-               int64_t N, int64_t w_cols, const float* scale, int64_t scale_cols, ffi::Buffer<ffi::S32>& rows,
-               ffi::ResultBuffer<ffi::F32>& y) {
+               int64_t N, int64_t w_cols, const float* scale, const float* offset, int64_t scale_cols,
+               ffi::Buffer<ffi::S32>& rows, ffi::ResultBuffer<ffi::F32>& y) {
   auto xd = x.dimensions();
   const int64_t n_rows = static_cast<int64_t>(rows.element_count());
   const int64_t D = xd.size() == 2 ? xd[1] : -1;
@@ -428,30 +454,37 @@ ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<f
                                        "multiple of 32) and rows [group, live...]");
   }
   int64_t G = D;
-  if (kind == kInt4) {
-    if (scale_cols <= 0 || D % scale_cols != 0 || (D / scale_cols) % 32 != 0) {
-      return ffi::Error::InvalidArgument(std::string(name) + ": scale must be [N, D/G], G a multiple of 32");
+  if (kind != kBf16) {
+    G = scale_cols > 0 && D % scale_cols == 0 ? D / scale_cols : 0;
+    if (G != 32 && G != 64) {
+      return ffi::Error::InvalidArgument(std::string(name) + ": scale must be [N, D/G] with G 32 or 64");
     }
-    G = D / scale_cols;
   }
   specjax::LiveRows live;
   if (const char* bad = live.Collect(rows.typed_data(), n_rows, xd[0], N, y->typed_data())) {
     return ffi::Error::InvalidArgument(std::string(name) + ": " + bad);
   }
-  QTask t{x.typed_data(), w, scale, y->typed_data(), live.rows(), live.count(), N, D, G, kind};
+  QTask t{x.typed_data(), w, scale, offset, y->typed_data(), live.rows(), live.count(), N, D, G, kind};
   if (t.M == 0) return ffi::Error::Success();
   // The vector paths' permuted copy of the live rows of x (M x Dc floats: small beside the weights).
   thread_local std::vector<float> xp;
   const int64_t lanes = VectorLanes();
   if (lanes > 0) {
-    const int64_t width = ChunkWidth(kind, lanes);
+    const int64_t width = ChunkWidth(kind, lanes), stride = ChunkStride(kind, lanes);
     t.Dc = D / width * width;
-    xp.resize(std::max<int64_t>(1, t.M * t.Dc));
+    const int64_t chunks = t.Dc / width;
+    xp.resize(std::max<int64_t>(1, t.M * chunks * stride));
     for (int64_t m = 0; m < t.M; ++m) {
       const float* xr = t.x + t.row[m] * D;
-      float* out = xp.data() + m * t.Dc;
-      for (int64_t c = 0; c < t.Dc; c += width)
-        for (int64_t p = 0; p < width; ++p) out[c + p] = xr[c + ChunkColumn(kind, lanes, p)];
+      for (int64_t c = 0; c < chunks; ++c) {
+        float* out = xp.data() + (m * chunks + c) * stride;
+        for (int64_t p = 0; p < width; ++p) out[p] = xr[c * width + ChunkColumn(kind, lanes, p)];
+        for (int64_t i = 0; kind == kInt4 && i < lanes; ++i) {   // each lane's sum of x (its 8 nibbles' columns)
+          float sum = 0.f;
+          for (int64_t k = 0; k < 8; ++k) sum += out[k * lanes + i];
+          out[width + i] = sum;
+        }
+      }
     }
     t.xp = xp.data();
     t.lanes = lanes;
@@ -466,28 +499,31 @@ ffi::Error QMatmulBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   auto wd = w.dimensions();
   if (wd.size() != 2) return ffi::Error::InvalidArgument("specjax_qmatmul_bf16 expects w [N, D]");
   return Run("specjax_qmatmul_bf16", kBf16, pool, x, reinterpret_cast<const uint8_t*>(w.typed_data()), wd[0],
-             wd[1], nullptr, 0, rows, y);
+             wd[1], nullptr, nullptr, 0, rows, y);
 }
 
 ffi::Error QMatmulInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
                        ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
-  if (wd.size() != 2 || static_cast<int64_t>(scale.element_count()) != wd[0]) {
-    return ffi::Error::InvalidArgument("specjax_qmatmul_int8 expects w [N, D] and scale [N]");
+  auto sd = scale.dimensions();
+  if (wd.size() != 2 || sd.size() != 2 || sd[0] != wd[0]) {
+    return ffi::Error::InvalidArgument("specjax_qmatmul_int8 expects w [N, D] and scale [N, D/G]");
   }
   return Run("specjax_qmatmul_int8", kInt8, pool, x, reinterpret_cast<const uint8_t*>(w.typed_data()), wd[0],
-             wd[1], scale.typed_data(), 1, rows, y);
+             wd[1], scale.typed_data(), nullptr, sd[1], rows, y);
 }
 
 ffi::Error QMatmulInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                       ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
+                       ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset, ffi::Buffer<ffi::S32> rows,
+                       ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   auto sd = scale.dimensions();
-  if (wd.size() != 2 || sd.size() != 2 || sd[0] != wd[0]) {
-    return ffi::Error::InvalidArgument("specjax_qmatmul_int4 expects w [N, D/2] and scale [N, D/G]");
+  auto od = offset.dimensions();
+  if (wd.size() != 2 || sd.size() != 2 || sd[0] != wd[0] || od.size() != 2 || od[0] != sd[0] || od[1] != sd[1]) {
+    return ffi::Error::InvalidArgument("specjax_qmatmul_int4 expects w [N, D/2], scale and offset [N, D/G]");
   }
-  return Run("specjax_qmatmul_int4", kInt4, pool, x, w.typed_data(), wd[0], wd[1], scale.typed_data(), sd[1],
-             rows, y);
+  return Run("specjax_qmatmul_int4", kInt4, pool, x, w.typed_data(), wd[0], wd[1], scale.typed_data(),
+             offset.typed_data(), sd[1], rows, y);
 }
 
 }  // namespace
@@ -514,6 +550,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQMatmulInt4, QMatmulInt4,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

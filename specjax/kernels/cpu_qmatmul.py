@@ -26,30 +26,32 @@ def qmatmul_t_reference(x_MxD: jax.Array, w: quant.QWeight, live=None, group: in
   return cpu_matmul.matmul_t_reference(x_MxD, w.dequantize(x_MxD.dtype), live, group)
 
 
-def _call(kind: str, x_MxD, data, scale, rows_2):
+def _call(kind: str, x_MxD, data, scale, offset, rows_2):
   native.require()
   M, N = x_MxD.shape[0], data.shape[0]
   out = jax.ShapeDtypeStruct((M, N), jnp.float32)
   if kind == "bf16":      # the bf16 buffer itself (a bitcast to u16 would be a copy on XLA:CPU)
     return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, rows_2)
-  return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, scale, rows_2)
+  if kind == "int8":
+    return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, scale, rows_2)
+  return jax.ffi.ffi_call(TARGETS[kind], out)(x_MxD, data, scale, offset, rows_2)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5))
-def _native(kind, x_MxD, data, scale, rows_2, group):
-  return _call(kind, x_MxD, data, scale, rows_2)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6))
+def _native(kind, x_MxD, data, scale, offset, rows_2, group):
+  return _call(kind, x_MxD, data, scale, offset, rows_2)
 
 
-def _native_fwd(kind, x_MxD, data, scale, rows_2, group):
-  return _call(kind, x_MxD, data, scale, rows_2), (x_MxD, data, scale, rows_2)
+def _native_fwd(kind, x_MxD, data, scale, offset, rows_2, group):
+  return _call(kind, x_MxD, data, scale, offset, rows_2), (x_MxD, data, scale, offset, rows_2)
 
 
 def _native_bwd(kind, group, res, dy_MxN):   # for x only: a quantized weight is frozen
-  x_MxD, data, scale, rows_2 = res
+  x_MxD, data, scale, offset, rows_2 = res
   live = rows_2[1] if rows_2.shape[0] == 2 else rows_2[1:]
   dy_MxN = jnp.where(cpu_matmul._live_mask(x_MxD.shape[0], live, rows_2[0]), dy_MxN, 0)
-  dx = dy_MxN @ quant.dequantize(kind, data, scale, group, jnp.float32)
-  return dx.astype(x_MxD.dtype), None, None, None
+  dx = dy_MxN @ quant.dequantize(kind, data, scale, group, jnp.float32, offset)
+  return dx.astype(x_MxD.dtype), None, None, None, None
 
 
 _native.defvjp(_native_fwd, _native_bwd)
@@ -60,7 +62,7 @@ def qmatmul_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
   M = x_MxD.shape[0]
   rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.concatenate(
       [jnp.asarray([group], jnp.int32), jnp.atleast_1d(jnp.asarray(live, jnp.int32))])
-  return _native(w.kind, x_MxD, w.data, w.scale, rows, w.group)
+  return _native(w.kind, x_MxD, w.data, w.scale, w.offset, rows, w.group)
 
 
 def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
