@@ -93,7 +93,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
                1, sum(int(np.prod(x.shape)) for x in _matrices(mk.params))), 2),
            "tokens_per_s": round(plain, 2),
            "speedup_vs_fp32": None if fp32_tps is None else round(plain / fp32_tps, 3),
-           "roofline_fraction": round(plain * mk.weight_bytes / (bw * 1e9), 3),
+           "roofline_fraction": round(plain * _bytes_per_step(mk) / (bw * 1e9), 3),
            "perplexity": round(ppl, 4),
            "perplexity_vs_fp32": None if ppl_fp32 is None else round(ppl / ppl_fp32 - 1, 5),
            **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()}}
@@ -114,6 +114,13 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
       "plots": [{"file": "tokens_per_s_by_weights.png", "x": "weights", "y": "tokens_per_s",
                  "title": "plain decoding speed by weight type (same prompts, one run)"}],
   }
+
+
+def _bytes_per_step(m) -> int:
+  """Weight bytes a decode step reads: all of them but an untied embedding (of which it reads one row)."""
+  if m.cfg.tie_embeddings:
+    return m.weight_bytes
+  return m.weight_bytes - quant.param_bytes({"embed": m.params["embed"]})
 
 
 def _matrices(params):

@@ -194,7 +194,7 @@ def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.Sampli
   return [seq[i, lens[i]:lens[i] + int(st.num_new_B[i])].tolist() for i in range(B)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["int8", "int4"])   # (bf16 takes the same route: its kernel is tested above)
 def test_greedy_speculative_equals_plain_greedy(fp32_params, kind):
   target = model.unstack_layers(quant.quantize_params(fp32_params, kind))
   draft = model.unstack_layers(quant.quantize_params(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)), kind))
