@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from specjax import config, kv_cache, model, sampling, sharding  # noqa: E402
+from specjax import config, kv_cache, model, quant, sampling, sharding  # noqa: E402
 from specjax.kernels import dispatch  # noqa: E402
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
 
@@ -124,6 +124,12 @@ def main():
       row[mname] = run(params, dp, drafter, shape, sp, meshes[mname], want)
     out["results"][label] = row
   out["collectives_2x4"], out["all_gather_shapes_2x4"] = collectives(hlo["text"])
+  # int4 weights (data, group scales and offsets sharded by the matrices' rules; XLA's dequantize-and-dot on
+  # the mesh, the native kernel on one device): the same greedy tokens
+  q4 = quant.quantize_params(params, "int4")
+  out["results"]["int4-plain/greedy"] = {
+      "single": run(q4, (), NoDrafter(), tree_shapes.chain(0), greedy, None),
+      "2x4": run(q4, (), NoDrafter(), tree_shapes.chain(0), greedy, meshes["2x4"])}
   # The Pallas tree kernel (interpret mode here) per shard under shard_map: same tokens, no gathered KV.
   os.environ["SPECJAX_ATTENTION"] = "pallas"
   # resolved again by run(): the path rides in the config, so the executables differ

@@ -29,7 +29,9 @@ def test_every_mesh_decodes_the_single_device_tokens(child):
   assert child["devices"] == 8
   results = child["results"]
   assert set(results) == {"plain/greedy", "ngram-chain/greedy", "model-tree/greedy", "model-chain/sampled",
-                          "pallas-tree/greedy"}
+                          "pallas-tree/greedy", "int4-plain/greedy"}
+  q4 = results["int4-plain/greedy"]              # quantized weights on a mesh: the single device's tokens
+  assert q4["2x4"] == q4["single"] and len({t for seq in q4["single"] for t in seq}) > 10
   plain = results["plain/greedy"]["single"]
   assert len({t for seq in plain for t in seq}) > 10                       # replies that move
   # speculative greedy decoding on a mesh is plain greedy decoding on one device
@@ -41,7 +43,8 @@ def test_every_mesh_decodes_the_single_device_tokens(child):
   sampled = results["model-chain/sampled"]
   assert sampled["single"] != plain                                        # sampling really samples
   assert sampled["1x8"] == sampled["single"]
-  meshes_run = {m for setting, row in results.items() if setting != "pallas-tree/greedy" for m in row} - {"single"}
+  meshes_run = {m for setting, row in results.items() if setting not in ("pallas-tree/greedy", "int4-plain/greedy")
+                for m in row} - {"single"}
   assert meshes_run == {"1x8", "2x4", "8x1"}                               # each mesh shape decodes once
 
 

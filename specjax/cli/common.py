@@ -48,8 +48,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                  help="weights, KV buffers and activations (logits and softmax statistics stay fp32); auto: "
                       "bfloat16 on GPU and TPU, float32 on the CPU")
   p.add_argument("--weights", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
-                 help="the weights' type, quantized at load and dequantized inside the matmuls (int8: a scale "
-                      "per output row; int4: per group of 32 inputs, embedding and head int8); auto: --dtype's")
+                 help="the weights' type, quantized at load and widened inside the matmuls (int8: a scale per "
+                      "64 inputs; int4: scale and offset per 32, embedding and head int8); auto: --dtype's")
   p.add_argument("--draft-weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
                  help="the draft model's weight type (default: --weights)")
   p.add_argument("--max-len", type=flags.COUNT, default=None,
