@@ -84,15 +84,21 @@ def matmul_t(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1,
   """x · wᵀ: the native kernel when it applies (``backends``: what the model was loaded with; None: resolved
   now, for one device), else the reference.  ``live``/``group``: rows r with r % group ≥ live are padding and
   come out zero (the native kernel skips them)."""
-  M = x_MxD.shape[0]
   backends = backends or dispatch.resolve()
   if dispatch.native_matmul_applies(backends, x_MxD.dtype, w_NxD.dtype, *w_NxD.shape):    # the rule: dispatch.py
-    if M <= MAX_ROWS:
-      return matmul_t_native(x_MxD, w_NxD, live, group)
-    if live is not None:   # many rows, but maybe few live (finished sequences, idle serving slots): decide by data
-      live = jnp.asarray(live, jnp.int32)
-      total = (jnp.clip(live, 0, group) * (M // group) if live.ndim == 0
-               else jnp.sum(jnp.clip(live, 0, group)))
-      return jax.lax.cond(total <= MAX_ROWS, lambda: matmul_t_native(x_MxD, w_NxD, live, group),
-                          lambda: matmul_t_reference(x_MxD, w_NxD, live, group))
+    return by_rows(x_MxD.shape[0], live, group, lambda lv: matmul_t_native(x_MxD, w_NxD, lv, group),
+                   lambda lv: matmul_t_reference(x_MxD, w_NxD, lv, group))
   return matmul_t_reference(x_MxD, w_NxD, live, group)
+
+
+def by_rows(M: int, live, group: int, native_fn, reference_fn):
+  """``native_fn(live)`` for at most ``MAX_ROWS`` rows, else ``reference_fn(live)`` (XLA's GEMM is the better
+  choice for many rows) — but with a live-row count, many rows may be few live ones (finished sequences, idle
+  serving slots): then the count decides at run time."""
+  if M <= MAX_ROWS:
+    return native_fn(live)
+  if live is None:
+    return reference_fn(live)
+  live = jnp.asarray(live, jnp.int32)
+  total = jnp.clip(live, 0, group) * (M // group) if live.ndim == 0 else jnp.sum(jnp.clip(live, 0, group))
+  return jax.lax.cond(total <= MAX_ROWS, lambda: native_fn(live), lambda: reference_fn(live))

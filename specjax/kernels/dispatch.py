@@ -94,7 +94,8 @@ def resolve(mesh=None, platform: str | None = None) -> Backends:
   if attention_path == "native" and not (native_ok and choices.attention_native()):
     attention_path = "xla"
   classes = frozenset(name for name, _, (N, D) in choices.CLASSES if native_ok and choices.matmul_native(N, D))
-  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh, native_quant=native_ok)
+  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh,
+                  native_quant=native_ok and choices.mode() != "xla")
 
 
 def native_attention_applies(backends: Backends, T: int, q_dtype, cache_dtype) -> bool:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import progress as progress_lib
+from specjax import progress as progress_lib, quant
 from specjax.errors import SpecjaxError
 from specjax.training.jsonl import read_records
 
@@ -141,7 +141,7 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   @jax.jit
   def run(params, toks_BxT):
     B, T = toks_BxT.shape
-    cache = init_cache(cfg, B, T, m.dtype if hasattr(m, "params") else jnp.float32)
+    cache = init_cache(cfg, B, T, quant.activation_dtype(m.params) if hasattr(m, "params") else jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     out = model_lib.forward(params, cfg, toks_BxT, pos, cache, feature_layers=fused)
     lp, ids = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), top_k)
