@@ -134,3 +134,10 @@ def test_the_check_finds_a_circle_through_a_function_local_import(tmp_path):
   assert circles(graph) == [frozenset({"specjax.a", "specjax.sub.b", "specjax.c"})]
   (pkg / "c.py").write_text("X = 1\n")
   assert circles(import_graph(tmp_path, ("specjax",))) == []
+
+
+def test_no_module_in_specjax_is_over_450_lines():
+  """One job per module: past 450 lines a module is split (issue 29)."""
+  long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "specjax").rglob("*.py"))
+          if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450}
+  assert not long, long
