@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from specjax import api, bench, quant
+from specjax import api, bench, costmodel, quant
 from specjax.measure import calibrate
 from experiments.common import pick_prompts
 from experiments.roofline import time_forward
@@ -41,32 +41,44 @@ def with_weights(m: api.Model, kind: str) -> api.Model:
 def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"), prompts: str = "specjax-prompts",
             categories=None, per_category: int | None = 1, limit: int | None = 8, max_new_tokens: int = 64,
             max_len: int = 1024, rows=(1, 2, 4, 8, 16, 32), context: int = 128, verify_repeats: int = 3,
-            drafters=(("ngram", 5),), draft: str | None = None, draft_k: int = 4, text: str | None = None,
-            repeats: int = 1, log=print) -> dict:
+            drafters=(("ngram", 5),), draft: str | None = None, draft_k: int = 4, pairs=(),
+            text: str | None = None, repeats: int = 1, device: str | None = None, log=print) -> dict:
   """One table row per weight type; ``drafters`` (name, k) and, with ``draft``, the draft model at the same
-  type (``draft_k``) are timed against plain decoding of the same type on the same prompts."""
+  type (``draft_k``) and at each (target type, draft type) of ``pairs`` are timed against plain decoding of
+  the same target type on the same prompts.  Beside each measurement, the cost model's prediction for this
+  machine (``device``: a published spec or a calibration JSON; default: this machine's calibration, measured
+  first if missing): the verify cost for each of ``rows`` and each drafter's speedup from its measured
+  acceptance."""
   chosen = pick_prompts(prompts, categories, per_category, limit)
   base = api.load(model, dtype="float32", weights="fp32")
   dbase = api.load(draft, dtype="float32", weights="fp32") if draft else None
   models = {k: with_weights(base, k) for k in kinds}
-  drafts = {k: with_weights(dbase, k) for k in kinds} if dbase is not None else {}
+  pairs = [tuple(p) for p in pairs] if dbase is not None else []
+  drafts = ({k: with_weights(dbase, k) for k in dict.fromkeys([*kinds, *(d for _, d in pairs)])}
+            if dbase is not None else {})
+  spec = calibrate.load_or_calibrate(device, log=log)
   batches = bench.make_batches(base, chosen, 1, max_new_tokens, max_len)
   eos = tuple(base.tokenizer.eos_token_ids)
   log(f"[weights] {model}: {', '.join(kinds)}; {len(chosen)} prompts, {max_new_tokens} new tokens")
 
-  methods, owner = [], []
+  methods, owner, plan = [], [], {}     # plan: label → (k, the draft model's config or None, its type)
   for k in kinds:
     mk = models[k]
     ar = bench.autoregressive_method(mk, eos, max_len, 1)
     methods.append(dataclasses.replace(ar, label=f"{k} plain"))
     owner.append(mk)
-    specs = [dict(drafter=name, k=kk) for name, kk in drafters]
+    specs = [(f"{name} k{kk}", dict(drafter=name, k=kk)) for name, kk in drafters]
     if k in drafts:
-      specs.append(dict(drafter="model", k=draft_k, draft=drafts[k]))
-    for sp in specs:
+      specs.append((f"model k{draft_k}", dict(drafter="model", k=draft_k, draft=drafts[k])))
+    specs += [(f"model k{draft_k} draft {dk}", dict(drafter="model", k=draft_k, draft=drafts[dk]))
+              for tk, dk in pairs if tk == k and dk != k]
+    for name, sp in specs:
       meth = bench.speculative_method(mk, eos, max_len, batch_size=1, **sp)
-      methods.append(dataclasses.replace(meth, label=f"{k} {sp['drafter']} k{sp['k']}"))
+      methods.append(dataclasses.replace(meth, label=f"{k} {name}"))
       owner.append(mk)
+      d = sp.get("draft")
+      plan[f"{k} {name}"] = (sp["k"], None if d is None else d.cfg,
+                             k if d is None else quant.weights_kind(d.params))
   timer = bench.Timer(log)
   for meth, mk in zip(methods, owner):        # warm-up (compiles each method)
     arr, lens, _ = batches[0]
@@ -79,6 +91,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
   tps = timed["tokens"].sum(axis=(1, 2)) / timed["seconds"].sum(axis=(1, 2))
   tps_of = {m.label: float(t) for m, t in zip(methods, tps)}
   outputs_of = {m.label: o for m, o in zip(methods, timed["outputs"])}
+  stats_of = {m.label: (s, c) for m, s, c in zip(methods, timed["stats"], timed["contexts"])}
   fp32_tps = tps_of.get("fp32 plain")
   text = text or TEXT
   ppl_fp32 = api.score(models["fp32"], text).perplexity if "fp32" in models else None
@@ -89,6 +102,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
     plain = tps_of[f"{k} plain"]
     ppl = api.score(mk, text).perplexity
     verify = {T: time_forward(mk, 1, T, context, verify_repeats) * 1e3 for T in rows}
+    predicted = {T: costmodel.step_time(spec, mk.cfg, 1, T, context, weights=k) * 1e3 for T in rows}
     row = {"weights": k, "weight_bytes": mk.weight_bytes, "bits_per_weight": round(8 * mk.weight_bytes / max(
                1, sum(int(np.prod(x.shape)) for x in _matrices(mk.params))), 2),
            "tokens_per_s": round(plain, 2),
@@ -96,24 +110,35 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
            "roofline_fraction": round(plain * _bytes_per_step(mk) / (bw * 1e9), 3),
            "perplexity": round(ppl, 4),
            "perplexity_vs_fp32": None if ppl_fp32 is None else round(ppl / ppl_fp32 - 1, 5),
-           **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()}}
+           **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()},
+           **{f"predicted_verify_ms_T{T}": round(v, 3) for T, v in predicted.items()}}
     for label, t in tps_of.items():
       if label.startswith(f"{k} ") and label != f"{k} plain":
         name = label[len(k) + 1:]
         same = bench.identical_outputs(outputs_of[f"{k} plain"], outputs_of[label])
         row[f"speedup_{name}"] = round(t / plain, 3)
+        row[f"predicted_speedup_{name}"] = round(_predicted_speedup(spec, mk, k, *plan[label], *stats_of[label]), 3)
         row[f"identical_{name}"] = f"{same[0]}/{same[1]}"
     table.append(row)
     log(f"[weights] {k}: {plain:.1f} tok/s, ppl {ppl:.3f}, verify T=1 {verify[rows[0]]:.1f} ms")
   return {
       "title": f"weight types: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens",
       "rows": table,
-      "summary": {"read_bandwidth_gbs": bw, "fp32_tokens_per_s": fp32_tps,
+      "summary": {"read_bandwidth_gbs": bw, "fp32_tokens_per_s": fp32_tps, "device": spec.name,
                   "speedups_vs_fp32": {r["weights"]: r["speedup_vs_fp32"] for r in table},
                   "perplexity_vs_fp32": {r["weights"]: r["perplexity_vs_fp32"] for r in table}},
       "plots": [{"file": "tokens_per_s_by_weights.png", "x": "weights", "y": "tokens_per_s",
                  "title": "plain decoding speed by weight type (same prompts, one run)"}],
   }
+
+
+def _predicted_speedup(spec, mk, kind: str, k: int, draft_cfg, draft_kind: str, stats, contexts) -> float:
+  """The cost model's speedup for a method with chains of k from its measured acceptance by position, at the
+  mean context it decoded at; ``draft_cfg`` None: a drafter without a model, priced as free."""
+  acc = api.spec_metrics(stats)["acceptance_by_position"]
+  ctx = int(np.mean(contexts)) if len(contexts) else 128
+  return costmodel.predicted_speedup(spec, mk.cfg, acc, k, 1, ctx, draft_cfg=draft_cfg, weights=kind,
+                                     draft_weights=draft_kind)
 
 
 def _bytes_per_step(m) -> int:
@@ -131,21 +156,25 @@ def _matrices(params):
 
 
 def plot(result: dict, out_dir) -> None:
-  """verify_cost_by_weights.png: the verify step's time against its rows, one line per weight type."""
+  """verify_cost_by_weights.png: the verify step's time against its rows, one colour per weight type, measured
+  (solid) and predicted (dashed)."""
   from pathlib import Path
 
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4))
-  for r in result["rows"]:
-    pts = sorted((int(k[len("verify_ms_T"):]), v) for k, v in r.items() if k.startswith("verify_ms_T"))
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=r["weights"])
+  for i, r in enumerate(result["rows"]):
+    color = f"C{i}"
+    for prefix, style, what in (("verify_ms_T", "-o", "measured"), ("predicted_verify_ms_T", "--", "predicted")):
+      pts = sorted((int(k[len(prefix):]), v) for k, v in r.items() if k.startswith(prefix))
+      if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=f"{r['weights']} {what}")
   ax.set_xscale("log", base=2)
   ax.set_xlabel("rows verified (T)")
   ax.set_ylabel("one forward, ms")
-  ax.set_title("verify cost vs rows by weight type (batch 1)")
-  ax.legend()
+  ax.set_title("verify cost vs rows by weight type (batch 1): measured, and the cost model (dashed)")
+  ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(Path(out_dir) / "verify_cost_by_weights.png", dpi=110)
   plt.close(fig)

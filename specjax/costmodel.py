@@ -30,107 +30,16 @@ per-position acceptance; ``kv_bill`` / ``max_batch`` size the KV memory with and
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Sequence
 
+from specjax import quant
 from specjax.config import ModelConfig
+from specjax.devices import DEVICES, DTYPE_BYTES, DeviceSpec, device_spec, load_spec
 from specjax.errors import SpecjaxError
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Devices
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceSpec:
-  """A device's roofline: peak FLOP/s per dtype, memory bandwidth, memory size, interconnect, step floor."""
-  name: str
-  peak_flops: dict                 # dtype name → FLOP/s (dense)
-  mem_bandwidth: float             # bytes/s (device memory, or DRAM read bandwidth on a CPU)
-  memory_bytes: float              # device memory (or the RAM a CPU process may use)
-  interconnect_bandwidth: float = 0.0   # bytes/s per chip and direction (NVLink, ICI); 0: single device
-  floor_s: float = 0.0             # fixed cost of a step (dispatch, launches, the sampling tail)
-  floor_per_layer_s: float = 0.0   # and per layer (kernel launches, small ops)
-  source: str = ""                 # where the numbers come from
-  overlap: float = 1.0             # how much compute hides behind memory traffic: 1 = perfectly (the roofline's
-                                   # max; accelerators), 0 = not at all (a sum; CPU cores that both stream and
-                                   # compute); ``calibrate`` measures it
-  link_latency_s: float = 0.0      # fixed cost of one collective over the interconnect
-
-  def peak(self, dtype: str) -> float:
-    if dtype not in self.peak_flops or not self.peak_flops[dtype]:
-      raise SpecjaxError(f"device '{self.name}' has no peak FLOP/s for {dtype} (it lists "
-                         f"{', '.join(sorted(self.peak_flops))}): choose one of those dtypes")
-    return float(self.peak_flops[dtype])
-
-  def ridge(self, dtype: str) -> float:
-    """Arithmetic intensity (FLOP/byte) at which a step turns from memory-bound to compute-bound."""
-    return self.peak(dtype) / self.mem_bandwidth
-
-  def floor(self, num_layers: int) -> float:
-    return self.floor_s + self.floor_per_layer_s * num_layers
-
-  def combine(self, compute_s: float, memory_s: float) -> float:
-    """max(compute, memory) + (1 − overlap) · min(compute, memory): the roofline when the two overlap."""
-    return max(compute_s, memory_s) + (1.0 - self.overlap) * min(compute_s, memory_s)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict) -> "DeviceSpec":
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in known})
-
-
-T_ = 1e12
-G_ = 1e9
-# Small all-reduce latencies (not datasheet values): NCCL over NVLink within a node, ~10 µs for a few-KB
-# message; TPU ICI a few µs.
-_NVLINK_LATENCY = 10e-6
-_ICI_LATENCY = 5e-6
-# Published datasheet numbers (dense, no sparsity).  Floors are typical per-step launch overheads of a
-# jitted decode step on these devices (a few µs per layer), not datasheet values.
-DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
-    DeviceSpec("h100-sxm", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
-               3.35 * T_, 80 * G_, 450 * G_, 20e-6, 4e-6,
-               "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 3.35 TB/s HBM3, "
-               "NVLink 900 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
-    DeviceSpec("h200", {"bfloat16": 989 * T_, "float16": 989 * T_, "float32": 67 * T_},
-               4.8 * T_, 141 * G_, 450 * G_, 20e-6, 4e-6,
-               "NVIDIA H200 SXM datasheet: 989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 4.8 TB/s HBM3e, 141 GB, "
-               "NVLink 900 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
-    DeviceSpec("a100-sxm-80gb", {"bfloat16": 312 * T_, "float16": 312 * T_, "float32": 19.5 * T_},
-               2.039 * T_, 80 * G_, 300 * G_, 20e-6, 5e-6,
-               "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2,039 GB/s HBM2e, "
-               "NVLink 600 GB/s bidirectional", link_latency_s=_NVLINK_LATENCY),
-    DeviceSpec("tpu-v5e", {"bfloat16": 197 * T_},
-               0.819 * T_, 16 * G_, 200 * G_, 20e-6, 4e-6,
-               "Google Cloud TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GB, ICI 1,600 Gbps",
-               link_latency_s=_ICI_LATENCY),
-)}
-
-
-def device_spec(name: str) -> DeviceSpec:
-  """A published spec by name, or a calibration JSON by path."""
-  if name in DEVICES:
-    return DEVICES[name]
-  p = Path(name).expanduser()
-  if p.is_file():
-    return load_spec(p)
-  raise SpecjaxError(f"unknown device '{name}': choose one of {', '.join(DEVICES)}, or give the path of a "
-                     "calibration JSON (specjax calibrate)")
-
-
-def load_spec(path) -> DeviceSpec:
-  try:
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    return DeviceSpec.from_dict(d["spec"] if "spec" in d else d)
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise SpecjaxError(f"cannot read the device calibration {path}: {e} — run `specjax calibrate` again") from e
+__all__ = ["DEVICES", "DTYPE_BYTES", "DeviceSpec", "device_spec", "load_spec", "MeshShape", "StepCost",
+           "step_cost", "step_time", "ragged_step_time", "rows_step_time", "breakdown", "weight_bytes",
+           "expected_accepted", "draft_time", "iteration_time", "predicted_speedup", "crossover_batch"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -205,6 +114,10 @@ class StepCost:
   kv_read_bytes: float
   kv_write_bytes: float
   other_bytes: float       # token embedding rows, logits written
+  layer_weights: float = 0.0   # matrix entries the layers multiply (L · per layer) over ``rows`` rows
+  head_weights: float = 0.0    # and the head (V · D) over ``head_rows`` rows
+  rows: float = 0.0
+  head_rows: float = 0.0
 
   @property
   def bytes(self) -> float:
@@ -215,16 +128,51 @@ class StepCost:
     return self.flops / self.bytes
 
 
+def layer_matrices(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+  """One decoder layer's matrices as (out, in), by parameter name."""
+  D, H, K, E, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim
+  return {"w_qkv": ((H + 2 * K) * E, D), "wo": (D, H * E), "w_gate_up": (2 * F, D), "w_down": (D, F)}
+
+
 def layer_weight_count(cfg: ModelConfig) -> int:
   """Matrix entries of one decoder layer (q, k, v, o, gate, up, down); norms and biases are counted in
   ``layer_param_count``."""
-  D, H, K, E, F = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim
-  return D * (H + 2 * K) * E + H * E * D + 3 * D * F
+  return sum(n * d for n, d in layer_matrices(cfg).values())
 
 
 def layer_param_count(cfg: ModelConfig) -> int:
   extra = 2 * cfg.d_model + ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim if cfg.qkv_bias else 0)
   return layer_weight_count(cfg) + extra
+
+
+def matrix_bytes(name: str, N: int, D: int, weights: str, dtype_bytes: int) -> float:
+  """Bytes of an [N, D] matrix stored as ``weights`` by ``quant``'s policy (``fp32``: the compute dtype's
+  bytes, as the model runs unquantized weights; int8 and int4 with their group scales and offsets)."""
+  kind, group = quant.weight_kind(name, weights, D)
+  if kind == "fp32":
+    return float(N * D * dtype_bytes)
+  if kind == "bf16":
+    return 2.0 * N * D
+  if kind == "int8":
+    return N * D + 4.0 * N * D / group
+  return N * D / 2 + 8.0 * N * D / group
+
+
+def head_kind(weights: str) -> str:
+  """The weight type the LM head takes when the model is quantized to ``weights`` (int8 under int4)."""
+  return "int8" if weights == "int4" else weights
+
+
+def weight_bytes(cfg: ModelConfig, weights: str = "fp32", dtype_bytes: int = 4) -> tuple[float, float]:
+  """(bytes of one decoder layer, bytes of the embedding, head and final norm) with matrices stored as
+  ``weights``; norms and biases in the compute dtype.  An untied model counts both vocabulary matrices."""
+  if weights not in quant.KINDS:
+    raise SpecjaxError(f"unknown weight type '{weights}': use one of {', '.join(quant.KINDS)}")
+  layer = sum(matrix_bytes(name, n, d, weights, dtype_bytes) for name, (n, d) in layer_matrices(cfg).items())
+  layer += (layer_param_count(cfg) - layer_weight_count(cfg)) * dtype_bytes
+  V, D = cfg.vocab_size, cfg.d_model
+  vocab = matrix_bytes("embed", V, D, weights, dtype_bytes) * (1 if cfg.tie_embeddings else 2)
+  return layer, vocab + D * dtype_bytes
 
 
 def attended_slots(T: int, context: int) -> int:
@@ -234,47 +182,51 @@ def attended_slots(T: int, context: int) -> int:
   return T * context + T * (T + 1) / 2
 
 
-def layer_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int = 4,
-               kv_dtype_bytes: int | None = None) -> StepCost:
-  """One decoder layer over B × T new tokens at ``context`` committed tokens."""
-  kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
-  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  flops = 2 * B * T * layer_weight_count(cfg) + 4 * B * H * E * attended_slots(T, context)
-  return StepCost(flops=float(flops), weight_bytes=float(layer_param_count(cfg) * dtype_bytes),
-                  kv_read_bytes=float(B * (context + T) * 2 * K * E * kvb),
-                  kv_write_bytes=float(B * T * 2 * K * E * kvb), other_bytes=0.0)
-
-
 def step_cost(cfg: ModelConfig, B: int, T: int, context: int, dtype_bytes: int = 4,
-              kv_dtype_bytes: int | None = None, head_rows: int | None = None) -> StepCost:
-  """A whole forward: L layers, the final norm, the head over ``head_rows`` rows (default B·T; prefill
-  needs only B), the embedding rows read and the fp32 logits written."""
-  lay = layer_cost(cfg, B, T, context, dtype_bytes, kv_dtype_bytes)
-  L, D, V = cfg.num_layers, cfg.d_model, cfg.vocab_size
-  rows = B * T if head_rows is None else head_rows
-  head_bytes = V * D * dtype_bytes * (1 if cfg.tie_embeddings else 2)   # tied: the embedding is the head
-  return StepCost(flops=L * lay.flops + 2.0 * rows * D * V,
-                  weight_bytes=L * lay.weight_bytes + head_bytes + D * dtype_bytes,
-                  kv_read_bytes=L * lay.kv_read_bytes, kv_write_bytes=L * lay.kv_write_bytes,
-                  other_bytes=float(B * T * D * dtype_bytes + rows * V * 4))
+              kv_dtype_bytes: int | None = None, head_rows: int | None = None, weights: str = "fp32") -> StepCost:
+  """A whole forward: L layers over B × T new tokens at ``context`` committed tokens, the final norm, the head
+  over ``head_rows`` rows (default B·T; prefill needs only B), the embedding rows read and the fp32 logits
+  written; the weights stored as ``weights``."""
+  kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+  L, D, V, H, K, E = (cfg.num_layers, cfg.d_model, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
+                      cfg.head_dim)
+  R = B * T
+  rows = R if head_rows is None else head_rows
+  layer_b, vocab_b = weight_bytes(cfg, weights, dtype_bytes)
+  lw = L * layer_weight_count(cfg)
+  flops = 2.0 * R * lw + L * 4.0 * B * H * E * attended_slots(T, context) + 2.0 * rows * D * V
+  return StepCost(flops=flops, weight_bytes=L * layer_b + vocab_b,
+                  kv_read_bytes=float(L * B * (context + T) * 2 * K * E * kvb),
+                  kv_write_bytes=float(L * R * 2 * K * E * kvb),
+                  other_bytes=float(R * D * dtype_bytes + rows * V * 4),
+                  layer_weights=float(lw), head_weights=float(V * D), rows=float(R), head_rows=float(rows))
+
+
+def compute_seconds(spec: DeviceSpec, c: StepCost, dtype: str, weights: str = "fp32"):
+  """Compute time of a step: the attention's FLOPs at the dtype's peak, the matrix products by the weight
+  type (``DeviceSpec.matrix_seconds``: at the peak, or at the measured unpack rate of a quantized kernel)."""
+  matrix_flops = 2.0 * (c.rows * c.layer_weights + c.head_rows * c.head_weights)
+  return ((c.flops - matrix_flops) / spec.peak(dtype)
+          + spec.matrix_seconds(weights, c.layer_weights, c.rows, dtype)
+          + spec.matrix_seconds(head_kind(weights), c.head_weights, c.head_rows, dtype))
 
 
 def step_time(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
-              kv_dtype: str | None = None, mesh=None) -> float:
+              kv_dtype: str | None = None, mesh=None, weights: str = "fp32") -> float:
   """Predicted seconds for one forward: max(compute, memory) (+ the part that does not overlap) + floor; on a
   ``mesh`` (``MeshShape.of``) each device's share of both, plus the communication (``comm_time``)."""
   ms = MeshShape.of(mesh)
   b_local = -(-B // ms.data)
-  c = step_cost(cfg, b_local, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype])
+  c = step_cost(cfg, b_local, T, context, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype], weights=weights)
   M = ms.model
-  compute = c.flops / M / spec.peak(dtype)
+  compute = compute_seconds(spec, c, dtype, weights) / M
   memory = (c.weight_bytes + c.kv_read_bytes + c.kv_write_bytes) / M / spec.mem_bandwidth + (
       c.other_bytes / spec.mem_bandwidth)
   return spec.combine(compute, memory) + comm_time(spec, cfg, B, T, ms, dtype) + spec.floor(cfg.num_layers)
 
 
 def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], contexts_B: Sequence[int],
-                     dtype: str = "float32", skips_dead_rows: bool = True) -> float:
+                     dtype: str = "float32", skips_dead_rows: bool = True, weights: str = "fp32") -> float:
   """Predicted seconds for one forward in which sequence b computes rows_B[b] new rows at context
   contexts_B[b] (0 rows: a finished sequence or an idle slot, which the native kernels skip and which reads
   no KV).  Equals ``step_time`` when every sequence has the same rows and context.  ``skips_dead_rows``
@@ -291,16 +243,22 @@ def ragged_step_time(spec: DeviceSpec, cfg: ModelConfig, rows_B: Sequence[int], 
   if R == 0:
     return spec.floor(L)
   slots = sum(attended_slots(r, c) for r, c in zip(rows, ctx) if r)
-  flops = L * (2.0 * R * layer_weight_count(cfg) + 4.0 * H * E * slots) + 2.0 * R * D * V
+  compute = (L * 4.0 * H * E * slots / spec.peak(dtype) + _matrix_seconds(spec, cfg, weights, R, dtype))
   kv_slot = 2 * K * E * b
-  weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
+  layer_b, vocab_b = weight_bytes(cfg, weights, b)
   kv = L * kv_slot * (sum(c + r for r, c in zip(rows, ctx) if r) + R)
   other = R * D * b + R * V * 4
-  return spec.combine(flops / spec.peak(dtype), (weights + kv + other) / spec.mem_bandwidth) + spec.floor(L)
+  return spec.combine(compute, (L * layer_b + vocab_b + kv + other) / spec.mem_bandwidth) + spec.floor(L)
+
+
+def _matrix_seconds(spec: DeviceSpec, cfg: ModelConfig, weights: str, R, dtype: str):
+  """The layers' and the head's matrix products over R rows (a number or an array)."""
+  return (spec.matrix_seconds(weights, cfg.num_layers * layer_weight_count(cfg), R, dtype)
+          + spec.matrix_seconds(head_kind(weights), cfg.vocab_size * cfg.d_model, R, dtype))
 
 
 def rows_step_time(spec: DeviceSpec, cfg: ModelConfig, total_rows, contexts_B: Sequence[int],
-                   dtype: str = "float32", mesh=None):
+                   dtype: str = "float32", mesh=None, weights: str = "fp32"):
   """``ragged_step_time`` as a function of the total rows alone (vectorised over ``total_rows``), for a
   scheduler weighing many choices per iteration: the live sequences' contexts give the KV reads; each row
   attends to the mean context (+ 1).  On a ``mesh`` each device's share (rows over data) plus the
@@ -313,12 +271,12 @@ def rows_step_time(spec: DeviceSpec, cfg: ModelConfig, total_rows, contexts_B: S
   R = np.asarray(total_rows, float) / ms.data
   ctx = np.asarray(contexts_B, float)
   mean_ctx = float(ctx.mean()) if ctx.size else 0.0
-  flops = L * (2.0 * R * layer_weight_count(cfg) + 4.0 * H * E * R * (mean_ctx + 1)) + 2.0 * R * D * V
+  compute = L * 4.0 * H * E * R * (mean_ctx + 1) / spec.peak(dtype) + _matrix_seconds(spec, cfg, weights, R, dtype)
   kv_slot = 2 * K * E * b
-  weights = L * layer_param_count(cfg) * b + V * D * b * (1 if cfg.tie_embeddings else 2) + D * b
-  split = (weights + L * kv_slot * (float(ctx.sum()) / ms.data + 2 * R)) / ms.model
+  layer_b, vocab_b = weight_bytes(cfg, weights, b)
+  split = (L * layer_b + vocab_b + L * kv_slot * (float(ctx.sum()) / ms.data + 2 * R)) / ms.model
   nbytes = split + R * (D * b + V * 4)
-  comp, mem = flops / ms.model / spec.peak(dtype), nbytes / spec.mem_bandwidth
+  comp, mem = compute / ms.model, nbytes / spec.mem_bandwidth
   comm = 0.0
   if ms.model > 1:
     if not spec.interconnect_bandwidth:
@@ -329,11 +287,11 @@ def rows_step_time(spec: DeviceSpec, cfg: ModelConfig, total_rows, contexts_B: S
 
 
 def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, dtype: str = "float32",
-              mesh=None) -> dict:
+              mesh=None, weights: str = "fp32") -> dict:
   """The numbers behind ``step_time`` (per device on a ``mesh``), for tables and plots."""
   ms = MeshShape.of(mesh)
-  c = step_cost(cfg, -(-B // ms.data), T, context, DTYPE_BYTES[dtype])
-  compute_s = c.flops / ms.model / spec.peak(dtype)
+  c = step_cost(cfg, -(-B // ms.data), T, context, DTYPE_BYTES[dtype], weights=weights)
+  compute_s = compute_seconds(spec, c, dtype, weights) / ms.model
   memory_s = ((c.weight_bytes + c.kv_read_bytes + c.kv_write_bytes) / ms.model + c.other_bytes) / spec.mem_bandwidth
   comm_bytes, collectives = comm_per_step(cfg, B, T, ms, DTYPE_BYTES[dtype])
   return {"B": B, "T": T, "context": context, "mesh": str(ms), "flops": c.flops / ms.model,
@@ -341,7 +299,8 @@ def breakdown(spec: DeviceSpec, cfg: ModelConfig, B: int, T: int, context: int, 
           "compute_s": compute_s, "memory_s": memory_s, "comm_bytes": comm_bytes, "collectives": collectives,
           "comm_s": comm_time(spec, cfg, B, T, ms, dtype), "floor_s": spec.floor(cfg.num_layers),
           "bound": "compute" if compute_s > memory_s else "memory",
-          "predicted_s": step_time(spec, cfg, B, T, context, dtype, mesh=ms)}
+          "weights": weights, "weight_bytes": c.weight_bytes,
+          "predicted_s": step_time(spec, cfg, B, T, context, dtype, mesh=ms, weights=weights)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -363,7 +322,8 @@ def expected_accepted(acceptance_by_position: Sequence[float], k: int) -> float:
 
 
 def draft_time(spec: DeviceSpec, draft_cfg: ModelConfig | None, B: int, k: int, context: int,
-               dtype: str = "float32", per_draft_s: float | None = None, mesh=None) -> float:
+               dtype: str = "float32", per_draft_s: float | None = None, mesh=None,
+               weights: str = "fp32") -> float:
   """The drafter's cost for a chain of k: a measured per-draft time if given, else k + 1 single-row forwards
   of the draft model (the root forward reads two tokens), or nothing for a free drafter (n-gram)."""
   if k <= 0:
@@ -372,35 +332,38 @@ def draft_time(spec: DeviceSpec, draft_cfg: ModelConfig | None, B: int, k: int, 
     return per_draft_s * k
   if draft_cfg is None:
     return 0.0
-  return step_time(spec, draft_cfg, B, 2, context, dtype, mesh=mesh) + (k - 1) * step_time(
-      spec, draft_cfg, B, 1, context, dtype, mesh=mesh)
+  return step_time(spec, draft_cfg, B, 2, context, dtype, mesh=mesh, weights=weights) + (k - 1) * step_time(
+      spec, draft_cfg, B, 1, context, dtype, mesh=mesh, weights=weights)
 
 
 def iteration_time(spec: DeviceSpec, cfg: ModelConfig, B: int, k: int, context: int, dtype: str = "float32",
-                   draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None, mesh=None) -> float:
-  """One speculative iteration with a chain of k (k = 0: a plain step); target and draft on ``mesh``."""
-  return step_time(spec, cfg, B, k + 1, context, dtype, mesh=mesh) + draft_time(
-      spec, draft_cfg, B, k, context, dtype, per_draft_s, mesh=mesh)
+                   draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None, mesh=None,
+                   weights: str = "fp32", draft_weights: str | None = None) -> float:
+  """One speculative iteration with a chain of k (k = 0: a plain step); target and draft on ``mesh``, their
+  weights stored as ``weights`` and ``draft_weights`` (default: the target's)."""
+  return step_time(spec, cfg, B, k + 1, context, dtype, mesh=mesh, weights=weights) + draft_time(
+      spec, draft_cfg, B, k, context, dtype, per_draft_s, mesh=mesh, weights=draft_weights or weights)
 
 
 def predicted_speedup(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
                       B: int = 1, context: int = 256, dtype: str = "float32",
                       draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None,
-                      mesh=None) -> float:
+                      mesh=None, weights: str = "fp32", draft_weights: str | None = None) -> float:
   """Committed tokens per second with speculation ÷ without: τ(k) · t_plain ÷ t_iteration(k)."""
-  plain = step_time(spec, cfg, B, 1, context, dtype, mesh=mesh)
+  plain = step_time(spec, cfg, B, 1, context, dtype, mesh=mesh, weights=weights)
   return expected_accepted(acceptance_by_position, k) * plain / iteration_time(
-      spec, cfg, B, k, context, dtype, draft_cfg, per_draft_s, mesh=mesh)
+      spec, cfg, B, k, context, dtype, draft_cfg, per_draft_s, mesh=mesh, weights=weights,
+      draft_weights=draft_weights)
 
 
 def crossover_batch(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,
                     batches: Sequence[int], context: int = 256, dtype: str = "float32",
                     draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None,
-                    mesh=None) -> int | None:
+                    mesh=None, weights: str = "fp32", draft_weights: str | None = None) -> int | None:
   """The smallest batch of ``batches`` at which speculation with k no longer pays (predicted speedup < 1);
   None if it pays at every one.  ``mesh``: the target (and draft) sharded over it."""
   for B in sorted(batches):
     if predicted_speedup(spec, cfg, acceptance_by_position, k, B, context, dtype, draft_cfg, per_draft_s,
-                         mesh) < 1.0:
+                         mesh, weights, draft_weights) < 1.0:
       return B
   return None

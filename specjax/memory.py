@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from specjax.config import ModelConfig
+from specjax import costmodel
 from specjax.costmodel import DTYPE_BYTES, MeshShape
 from specjax.errors import SpecjaxError
 
@@ -16,8 +17,13 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int = 4) -> int:
   return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * kv_dtype_bytes
 
 
-def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4) -> int:
-  return cfg.param_count() * dtype_bytes
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4, weights: str = "fp32") -> int:
+  """The model's parameters in bytes: every one in the compute dtype, or the matrices stored as ``weights``
+  (``costmodel.weight_bytes``: quant's policy, with group scales)."""
+  if weights == "fp32":
+    return cfg.param_count() * dtype_bytes
+  layer, vocab = costmodel.weight_bytes(cfg, weights, dtype_bytes)
+  return int(cfg.num_layers * layer + vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +47,8 @@ DRAFT_KV_BYTES = 4     # drafters keep their caches in fp32 whatever the target'
 
 
 def kv_bill(cfg: ModelConfig, max_len: int, nodes: int = 0, draft_cfg: ModelConfig | None = None,
-            dtype: str = "float32", sampling: bool = False, draft_state_per_seq: int | None = None) -> KVBill:
+            dtype: str = "float32", sampling: bool = False, draft_state_per_seq: int | None = None,
+            weights: str = "fp32", draft_weights: str | None = None) -> KVBill:
   """The bill for buffers of ``max_len`` slots, verifying ``nodes`` drafts per step (0: no speculation).
 
   ``max_len`` is the buffer's length: a speculative step writes the N + 1 rows of its tree past the committed
@@ -55,8 +62,8 @@ def kv_bill(cfg: ModelConfig, max_len: int, nodes: int = 0, draft_cfg: ModelConf
     draft_state_per_seq = kv_bytes_per_token(draft_cfg, DRAFT_KV_BYTES) * max_len + 4 if drafting else 0
   rows = nodes + 1
   workspace = rows * cfg.vocab_size * 4 * (2 if sampling and nodes else 1)
-  weights = weight_bytes(cfg, b) + (weight_bytes(draft_cfg, b) if drafting else 0)
-  return KVBill(target_kv, draft_state_per_seq if nodes else 0, workspace, weights, tokens_per_seq=5 * max_len)
+  total = weight_bytes(cfg, b, weights) + (weight_bytes(draft_cfg, b, draft_weights or weights) if drafting else 0)
+  return KVBill(target_kv, draft_state_per_seq if nodes else 0, workspace, total, tokens_per_seq=5 * max_len)
 
 
 def mesh_bill(bill: KVBill, mesh) -> KVBill:

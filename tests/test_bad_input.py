@@ -43,7 +43,9 @@ def assert_one_line(proc, *needles, after_loading: bool = False):
 
 
 def numeric_actions(p: argparse.ArgumentParser):
-  return [a for a in p._actions if a.option_strings and a.type is not None and a.type is not str]
+  from specjax.cli import flags
+  text = (str, flags.weight_kind, flags.weight_kinds)        # types that parse words, not numbers
+  return [a for a in p._actions if a.option_strings and a.type is not None and a.type not in text]
 
 
 def test_every_numeric_flag_declares_its_range():
@@ -79,6 +81,7 @@ def test_walk_every_command_with_out_of_range_numbers(no_loading):
 @pytest.mark.parametrize("argv,needles", [
     (("serve", "--port", "70000"), ("--port", "65535")),
     (("cost", "--k", "-1"), ("--k", ">= 0")),
+    (("cost", "--weights", "fp32,int3"), ("--weights", "int3", "int4")),
     (("generate", "--prompt", "hi", "--top-p", "0"), ("--top-p", "(0, 1]")),
     (("generate", "--prompt", "hi", "--drafter", "ngram", "--tree", "dynamic:5000"), ("dynamic:5000", "116")),
     (("bench", "--drafter", "ngram", "--tree", "dynamic:8:0"), ("TOPK", "positive")),

@@ -1,5 +1,6 @@
 """The cost model: hand-counted FLOPs and bytes, τ and predicted speedup, the KV bill and its refusals, buffer
 sizing, calibration reuse, and the `specjax cost` / `calibrate` commands."""
+import dataclasses
 import json
 
 import jax
@@ -25,7 +26,9 @@ def test_one_layer_flops_and_bytes_equal_a_hand_count():
   # Attention per sequence and head: row t sees C + t + 1 slots → 6 + 7 + 8 = 21 scores; each score costs
   # E multiply-adds for q·k and E for p·v: 4·E FLOPs; 2 sequences × 4 heads.
   attention = 2 * 4 * 21 * 4 * 8                                           # = 5376
-  c = costmodel.layer_cost(CFG, B, T, C, dtype_bytes=4)
+  per_layer = lambda field: (getattr(costmodel.step_cost(CFG, B, T, C), field)
+                             - getattr(costmodel.step_cost(CFG.replace(num_layers=2), B, T, C), field))
+  c = type("Layer", (), {f: per_layer(f) for f in ("flops", "weight_bytes", "kv_read_bytes", "kv_write_bytes")})
   assert c.flops == matmul + attention == 115968
   # Bytes: the weights and the two 32-wide norms once; K/V of C + T slots read, T slots written (2 kv heads
   # × 8 dims × k and v × 4 bytes = 128 bytes a slot per sequence).
@@ -250,3 +253,73 @@ def test_cost_command_on_a_mesh(capsys):
   assert out["mesh"] == "2x4" and all(r["verify_comm_ms"] > r["plain_comm_ms"] > 0 for r in out["rows"])
   single_gib = costmodel.DEVICES["h200"].memory_bytes
   assert out["memory_budget_bytes"] == pytest.approx(8 * single_gib)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Weight types
+
+
+def test_weight_bytes_by_type_equal_a_hand_count():
+  # CFG: one layer's matrices q,k,v 32×32 + 2 × 16×32 ([out, in] = [64, 32]), o [32, 32], gate/up [128, 32],
+  # down [32, 64]; norms 2 × 32.  int8: a byte a weight + an fp32 scale per 64 inputs — but every input but
+  # down's (64) is 32 wide, so those take groups of 32; int4: half a byte + scale and offset per 32.
+  mats = {"w_qkv": (64, 32), "wo": (32, 32), "w_gate_up": (128, 32), "w_down": (32, 64)}
+  assert costmodel.layer_matrices(CFG) == mats
+  int8 = sum(n * d + 4 * n * d / (64 if d % 64 == 0 else 32) for n, d in mats.values())
+  int4 = sum(n * d / 2 + 8 * n * d / 32 for n, d in mats.values())
+  layer8, vocab8 = costmodel.weight_bytes(CFG, "int8")
+  layer4, vocab4 = costmodel.weight_bytes(CFG, "int4")
+  assert layer8 == int8 + 64 * 4 and layer4 == int4 + 64 * 4
+  # The tied head: int8 under both (int4's policy keeps the embedding/head at int8); + the final norm.
+  assert vocab8 == vocab4 == 100 * 32 + 4 * 100 * 32 / 32 + 32 * 4
+  layer32, vocab32 = costmodel.weight_bytes(CFG, "fp32")
+  assert layer32 == costmodel.layer_param_count(CFG) * 4 and costmodel.weight_bytes(CFG, "bf16")[0] == 9216 * 2 + 256
+  assert costmodel.step_cost(CFG, 1, 1, 8, weights="int4").weight_bytes == 3 * layer4 + vocab4
+  with pytest.raises(SpecjaxError, match="unknown weight type 'int3'"):
+    costmodel.weight_bytes(CFG, "int3")
+  from specjax import quant
+  from specjax.cli import flags
+  assert flags.WEIGHT_KINDS == quant.KINDS
+
+
+def test_fewer_bytes_per_weight_is_faster_until_unpacking_costs_more():
+  spec = costmodel.DeviceSpec("bw-bound", {"float32": 1e15}, 10e9, 8e9)     # compute free: bytes set the pace
+  t = {k: costmodel.step_time(spec, CFG, 1, 1, 16, weights=k) for k in ("fp32", "bf16", "int8", "int4")}
+  assert t["fp32"] > t["bf16"] > t["int8"] > t["int4"]
+  # A kernel that unpacks slowly (a per weight) and multiplies at b per weight and row: W · (a + b · R).
+  slow = dataclasses.replace(spec, weight_rates={"int4": [1e-9, 1e-12], "int8": [1e-9, 1e-12]})
+  W = 3 * costmodel.layer_weight_count(CFG)
+  c = costmodel.step_cost(CFG, 1, 5, 16, weights="int4")
+  head = 100 * 32 * (1e-9 + 5e-12)                 # the head at int8's rate, 5 rows
+  assert costmodel.compute_seconds(slow, c, "float32", "int4") == pytest.approx(
+      W * (1e-9 + 5 * 1e-12) + head + (c.flops - 2 * 5 * (W + 3200)) / 1e15)
+  assert costmodel.step_time(slow, CFG, 1, 1, 16, weights="int4") > t["fp32"]
+  # The scheduler's forms agree with step_time at equal rows and contexts.
+  assert costmodel.ragged_step_time(slow, CFG, [5, 5], [16, 16], weights="int4") == pytest.approx(
+      costmodel.step_time(slow, CFG, 2, 5, 16, weights="int4"))
+  assert float(costmodel.rows_step_time(slow, CFG, 10, [16, 16], weights="int4")) == pytest.approx(
+      costmodel.ragged_step_time(slow, CFG, [5, 5], [16, 16], weights="int4"), rel=0.02)
+
+
+def test_cost_command_by_weight_type(capsys):
+  from specjax import cli
+  assert cli.main(["cost", "--device", "h200", "--dtype", "bfloat16", "--weights", "bf16,int8,int4",
+                   "--model", "qwen2.5-coder-1.5b", "--acceptance", "0.8", "--batch-size", "1", "64", "1024",
+                   "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  by = {r["weights"]: r for r in out["by_weights"]}
+  assert list(by) == ["bf16", "int8", "int4"] and out["weights"] == "bf16"
+  assert by["bf16"]["weight_gb"] > by["int8"]["weight_gb"] > by["int4"]["weight_gb"]
+  for r in by.values():
+    ms = [r["verify_ms"][str(T)] for T in (1, 2, 4, 8, 16, 32)]
+    assert ms == sorted(ms) and r["speedup_b1"] > 1
+  # Fewer bytes per weight move the ridge point: speculation stops paying at a batch no larger.
+  cross = [by[k]["crossover_batch"] or 10**9 for k in ("bf16", "int8", "int4")]
+  assert cross == sorted(cross, reverse=True)
+
+
+def test_calibrate_fits_the_quantized_matmuls():
+  from specjax.measure import calibrate
+  rates = calibrate.probe_weights(kinds=("int8", "int4"), rows=(1, 4, 16), N=256, D=256, repeats=1)
+  for r in rates.values():
+    assert r["a"] >= 0 and r["b"] >= 0 and r["a"] + r["b"] > 0 and set(r["ms"]) == {1, 4, 16}

@@ -1,6 +1,7 @@
 """Quantized weights (quant.py, kernels/cpu_qmatmul.*): storage, the native kernel against its reference on every
 instruction-set path, the model on each weight type, greedy exactness and lossless sampling at int4, bad input."""
 import dataclasses
+import json
 
 import numpy as np
 import jax
@@ -272,13 +273,21 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nthe cat the cat\n")
+  from specjax import costmodel
+  device = tmp_path / "device.json"        # a made-up machine: the prediction's plumbing, not its numbers
+  device.write_text(json.dumps(costmodel.DeviceSpec(
+      "made-up", {"float32": 50e9}, 20e9, 8e9, floor_s=1e-4, overlap=0.0,
+      weight_rates={"int8": [2e-11, 5e-12], "int4": [3e-11, 5e-12]}).to_dict()))
   res = wx.weights(model=path, kinds=("fp32", "int8", "int4"), prompts=str(prompts), per_category=None,
                    limit=2, max_new_tokens=8, max_len=256, rows=(1, 4), verify_repeats=1,
-                   drafters=(("ngram", 3),), text="the cat sat on the mat. a b c a b c", log=lambda *_: None)
+                   drafters=(("ngram", 3),), text="the cat sat on the mat. a b c a b c", device=str(device),
+                   log=lambda *_: None)
   rows = {r["weights"]: r for r in res["rows"]}
   assert list(rows) == ["fp32", "int8", "int4"] and rows["fp32"]["speedup_vs_fp32"] == 1.0
   assert rows["int4"]["weight_bytes"] < rows["int8"]["weight_bytes"] < rows["fp32"]["weight_bytes"] / 3
   assert all(r["identical_ngram k3"] == "2/2" and r["verify_ms_T4"] > 0 for r in rows.values())
   assert abs(rows["int8"]["perplexity_vs_fp32"]) < 0.05
+  assert all(0 < r["predicted_verify_ms_T1"] < r["predicted_verify_ms_T4"] and r["predicted_speedup_ngram k3"] > 0
+             for r in rows.values())
   wx.plot(res, tmp_path)
   assert (tmp_path / "verify_cost_by_weights.png").is_file()

@@ -73,3 +73,21 @@ PROBABILITY = number(0.0, 1.0, lo_open=True)   # top-p
 FRACTION = number(0.0, 1.0)     # acceptance rates
 RATE = number(0.0)              # requests per second (0: all at once)
 POSITIVE = number(0.0, lo_open=True)           # seconds, GiB
+
+
+WEIGHT_KINDS = ("fp32", "bf16", "int8", "int4")   # quant.KINDS (tests/test_costmodel.py keeps them equal)
+
+
+def weight_kind(text: str) -> str:
+  """An argparse type: one weight type."""
+  if text not in WEIGHT_KINDS:
+    raise argparse.ArgumentTypeError(f"unknown weight type {text!r}: use one of {', '.join(WEIGHT_KINDS)}")
+  return text
+
+
+def weight_kinds(text: str) -> list[str]:
+  """An argparse type: weight types separated by commas, e.g. 'fp32,int8,int4'."""
+  kinds = [weight_kind(t.strip()) for t in text.split(",") if t.strip()]
+  if not kinds:
+    raise argparse.ArgumentTypeError(f"no weight type in {text!r}: use e.g. fp32,int8,int4")
+  return kinds

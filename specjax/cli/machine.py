@@ -33,6 +33,12 @@ def register(sub) -> dict:
                   help="GiB per device for weights + KV (default: the device's)")
   co.add_argument("--mesh", default=None, help="DATAxMODEL: the target (and draft) sharded over that many "
                                                 "devices: per-device share + all-reduce communication per step")
+  co.add_argument("--weights", type=flags.weight_kinds, default=["fp32"],
+                  help="weight types, comma-separated (fp32,bf16,int8,int4): the bytes each step reads and, on "
+                       "a calibrated CPU, its kernels' unpacking cost; the table is the first, and with several "
+                       "a second table gives each type's verify cost for 1..32 rows and its crossover batch")
+  co.add_argument("--draft-weights", type=flags.weight_kind, default=None,
+                  help="the draft model's weight type (default: the target's)")
   co.add_argument("--json", action="store_true")
   return {"calibrate": cmd_calibrate, "cost": cmd_cost}
 
@@ -67,27 +73,33 @@ def cmd_cost(args) -> int:
     raise SpecjaxError(f"--k must be >= 0, got {args.k}")
   mesh = costmodel.MeshShape.of(args.mesh)
   budget = (args.memory_budget * 2**30 if args.memory_budget else spec.memory_bytes) * mesh.devices
+  w0, dw = args.weights[0], args.draft_weights
   rows = []
   for B in args.batch_size:
-    plain = costmodel.breakdown(spec, cfg, B, 1, args.context, args.dtype, mesh=mesh)
-    ver = costmodel.breakdown(spec, cfg, B, args.k + 1, args.context, args.dtype, mesh=mesh)
+    plain = costmodel.breakdown(spec, cfg, B, 1, args.context, args.dtype, mesh=mesh, weights=w0)
+    ver = costmodel.breakdown(spec, cfg, B, args.k + 1, args.context, args.dtype, mesh=mesh, weights=w0)
     rows.append({"batch": B, "plain_ms": plain["predicted_s"] * 1e3, "plain_bound": plain["bound"],
                  "verify_ms": ver["predicted_s"] * 1e3, "verify_bound": ver["bound"],
                  **({"plain_comm_ms": plain["comm_s"] * 1e3, "verify_comm_ms": ver["comm_s"] * 1e3}
                     if mesh.model > 1 else {}),
                  "tau": costmodel.expected_accepted(args.acceptance, args.k),
                  "predicted_speedup": costmodel.predicted_speedup(spec, cfg, args.acceptance, args.k, B,
-                                                                  args.context, args.dtype, dcfg, mesh=mesh)})
-  plain_bill = memory.mesh_bill(memory.kv_bill(cfg, args.max_len, 0, None, args.dtype), mesh)
-  spec_bill = memory.mesh_bill(memory.kv_bill(cfg, args.max_len, args.k, dcfg, args.dtype), mesh)
-  out = {"device": spec.to_dict(), "model": cfg.name, "mesh": str(mesh), "k": args.k,
-         "acceptance": args.acceptance, "context": args.context, "rows": rows,
+                                                                  args.context, args.dtype, dcfg, mesh=mesh,
+                                                                  weights=w0, draft_weights=dw)})
+  plain_bill = memory.mesh_bill(memory.kv_bill(cfg, args.max_len, 0, None, args.dtype, weights=w0), mesh)
+  spec_bill = memory.mesh_bill(memory.kv_bill(cfg, args.max_len, args.k, dcfg, args.dtype, weights=w0,
+                                              draft_weights=dw), mesh)
+  out = {"device": spec.to_dict(), "model": cfg.name, "mesh": str(mesh), "k": args.k, "weights": w0,
+         "draft_weights": dw or w0, "acceptance": args.acceptance, "context": args.context, "rows": rows,
          "crossover_batch": costmodel.crossover_batch(spec, cfg, args.acceptance, args.k, args.batch_size,
-                                                      args.context, args.dtype, dcfg, mesh=mesh),
+                                                      args.context, args.dtype, dcfg, mesh=mesh, weights=w0,
+                                                      draft_weights=dw),
          "memory_budget_bytes": budget, "max_len": args.max_len,
          "max_batch_plain": memory.max_batch(budget, plain_bill),
          "max_batch_speculative": memory.max_batch(budget, spec_bill),
          "per_seq_bytes_plain": plain_bill.per_seq, "per_seq_bytes_speculative": spec_bill.per_seq}
+  if len(args.weights) > 1:
+    out["by_weights"] = [_weights_row(spec, cfg, dcfg, args, kind, mesh) for kind in args.weights]
 
   def human(o):
     from specjax.report import print_table
@@ -99,5 +111,27 @@ def cmd_cost(args) -> int:
     print(f"memory budget {memory.fmt_bytes(budget)}, {o['max_len']} slots per sequence: max batch "
           f"{o['max_batch_plain']} plain ({memory.fmt_bytes(plain_bill.per_seq)}/seq), "
           f"{o['max_batch_speculative']} speculative ({memory.fmt_bytes(spec_bill.per_seq)}/seq)")
+    if "by_weights" in o:
+      print_table([{k: v for k, v in r.items() if k != "verify_ms"} | {f"T{t}": v for t, v in r["verify_ms"].items()}
+                   for r in o["by_weights"]],
+                  title=f"by weight type (batch 1; verify ms for T rows; the draft at {dw or 'the same type'})")
   common.emit(out, args.json, human)
   return 0
+
+
+VERIFY_ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def _weights_row(spec, cfg, dcfg, args, kind: str, mesh) -> dict:
+  """One weight type's predictions: the bytes, the verify cost for 1..32 rows at batch 1, the speedup at batch
+  1 and the crossover batch (the draft at ``--draft-weights`` or the same type)."""
+  from specjax import costmodel, memory
+  t = lambda T: costmodel.step_time(spec, cfg, 1, T, args.context, args.dtype, mesh=mesh, weights=kind)
+  dw = args.draft_weights or kind
+  return {"weights": kind, "weight_gb": memory.weight_bytes(cfg, costmodel.DTYPE_BYTES[args.dtype], kind) / 1e9,
+          "verify_ms": {T: t(T) * 1e3 for T in VERIFY_ROWS},
+          "speedup_b1": costmodel.predicted_speedup(spec, cfg, args.acceptance, args.k, 1, args.context, args.dtype,
+                                                    dcfg, mesh=mesh, weights=kind, draft_weights=dw),
+          "crossover_batch": costmodel.crossover_batch(spec, cfg, args.acceptance, args.k, args.batch_size,
+                                                       args.context, args.dtype, dcfg, mesh=mesh, weights=kind,
+                                                       draft_weights=dw)}

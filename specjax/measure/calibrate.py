@@ -9,7 +9,12 @@ Three probes, each the best of a few repeats:
   overlap    how much arithmetic hides behind the memory stream (8 rows over the streamed weight): 1 on
              accelerators, near 0 on a CPU whose cores both stream and compute;
   floor      a step's fixed cost: a tiny model (width 64) decoding one token at two depths, so that the floor
-             is a + b · layers (dispatch, the sampling tail, per-kernel launches).
+             is a + b · layers (dispatch, the sampling tail, per-kernel launches);
+  weights    for each quantized weight type (bf16, int8, int4), the matmul the model runs for it (the native
+             kernel where it applies, else XLA's dequantize-and-dot) over a weight that stays in the caches,
+             at 1…32 rows: its time fits W · (a + b · rows) for W weights — a, the cost of unpacking each
+             weight once, b, of each row's multiply-adds — which the cost model adds to the memory stream
+             (``DeviceSpec.weight_rates``).
 
 The result is a ``costmodel.DeviceSpec`` named after the machine, saved under the specjax cache
 (``calibration/<machine tag>.json``) and reused by later runs on the same machine unless ``--force``.
@@ -26,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, cache_location, config, costmodel, decode, kv_cache, machine, model, provenance
-from specjax.kernels import cpu_matmul, native
+from specjax import buffers, cache_location, config, costmodel, decode, kv_cache, machine, model, provenance, quant
+from specjax.kernels import cpu_matmul, cpu_qmatmul, dispatch, native
 from specjax.measure import kernel_paths
 
 
@@ -113,6 +118,29 @@ def probe_overlap(bandwidth: float, flops: float, rows: int = 8, nbytes: int = 5
   return float(np.clip(1 - (t - max(mem, comp)) / min(mem, comp), 0.0, 1.0))
 
 
+def probe_weights(kinds=("bf16", "int8", "int4"), rows=(1, 2, 4, 8, 16, 32), N: int = 2048, D: int = 1536,
+                  repeats: int = 5) -> dict[str, dict]:
+  """Per quantized weight type: the model's matmul for it over an [N, D] weight (6 MB in bf16: cached, so the
+  arithmetic is measured, not the stream) at each of ``rows``, and the least-squares fit t = W · (a + b · M)
+  (a, b ≥ 0).  Returns {kind: {"a": s/weight, "b": s/weight/row, "ms": {rows: ms}}}."""
+  w = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (N, D), jnp.float32))
+  backends = dispatch.resolve()
+  out = {}
+  for kind in kinds:
+    qw = quant.quantize(kind, w)
+    f = jax.jit(lambda x, qw: cpu_qmatmul.qmatmul_t(x, qw, backends=backends))
+    ms = {M: _best_seconds(lambda: f(jnp.ones((M, D), jnp.float32), qw), repeats) for M in rows}
+    per_weight = np.array([ms[M] / (N * D) for M in rows])
+    A = np.stack([np.ones(len(rows)), np.asarray(rows, float)], 1)
+    a, b = np.linalg.lstsq(A, per_weight, rcond=None)[0]
+    if b < 0:                                  # flat in the rows: all unpacking
+      a, b = float(per_weight.mean()), 0.0
+    elif a < 0:                                # no fixed part: all per-row work
+      a, b = 0.0, float(np.dot(per_weight, rows) / np.dot(rows, rows))
+    out[kind] = {"a": float(a), "b": float(b), "ms": {int(M): t * 1e3 for M, t in ms.items()}}
+  return out
+
+
 def _tiny_step_seconds(num_layers: int, repeats: int) -> float:
   cfg = config.TINY.replace(name="calib", num_layers=num_layers, d_model=64, num_heads=4, num_kv_heads=2,
                             head_dim=16, ffn_dim=128, vocab_size=256)
@@ -152,6 +180,12 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
       rec = json.loads(out.read_text(encoding="utf-8"))
       costmodel.DeviceSpec.from_dict(rec["spec"])
       log(f"[calibrate] reusing {out} (--force measures again)")
+      if not rec["spec"].get("weight_rates"):     # saved before the quantized probe existed: add it
+        log("[calibrate] measuring the quantized matmuls it lacks…")
+        rates = probe_weights(repeats=2 if quick else 5)
+        rec["spec"]["weight_rates"] = {k: [r["a"], r["b"]] for k, r in rates.items()}
+        rec["probes"]["weights"] = rates
+        _save(out, rec)
       return rec
     except (ValueError, KeyError, TypeError):
       log(f"[calibrate] {out} is damaged: measuring again")
@@ -166,22 +200,31 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
   overlap = probe_overlap(stream, flops, nbytes=(128 << 20) if quick else (512 << 20), repeats=reps)
   log(f"[calibrate] matmul {flops / 1e9:.1f} GFLOP/s, compute/memory overlap {overlap:.2f}; floor probe…")
   a, b = probe_floor(repeats=10 if quick else 30)
-  log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer")
+  log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer; quantized matmuls…")
+  rates = probe_weights(repeats=reps)
+  log("[calibrate] " + ", ".join(f"{k} {1e-9 / r['a']:.0f} G weights/s unpacked + {r['b'] * 1e12:.0f} ps per "
+                                 f"weight·row" if r["a"] else f"{k} {r['b'] * 1e12:.0f} ps per weight·row"
+                                 for k, r in rates.items()))
   mem = _memory_bytes()
   spec = costmodel.DeviceSpec(
       name=f"calibrated:{machine.tag()}-{native.path_name()}", peak_flops={"float32": flops}, mem_bandwidth=stream,
       memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b, overlap=overlap,
+      weight_rates={k: [r["a"], r["b"]] for k, r in rates.items()},
       source=f"specjax calibrate on {provenance.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
   rec = {"spec": spec.to_dict(), "machine": desc,
          "probes": {"stream_bytes_per_s": stream, "raw_read_gb_per_s": raw, "matmul_flops": flops,
                     "overlap": overlap,
-                    "floor_s": a, "floor_per_layer_s": b}}
+                    "floor_s": a, "floor_per_layer_s": b, "weights": rates}}
+  _save(out, rec)
+  log(f"[calibrate] saved {out}")
+  return rec
+
+
+def _save(out: Path, rec: dict) -> None:
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.with_suffix(".tmp")
   tmp.write_text(json.dumps(rec, indent=2), encoding="utf-8")
   tmp.replace(out)
-  log(f"[calibrate] saved {out}")
-  return rec
 
 
 def load_or_calibrate(device: str | None = None, log=print) -> costmodel.DeviceSpec:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-from specjax import costmodel
+from specjax import costmodel, quant
 from specjax.kernels import dispatch
 from specjax.speculative import registry as drafter_registry
 from specjax.serving import policies as pol
@@ -30,8 +30,10 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   if dtype not in costmodel.DTYPE_BYTES or not spec.peak_flops.get(dtype):
     dtype = "float32"
 
+  weights = quant.weights_kind(m.params) if getattr(m, "params", None) else "fp32"   # the bytes per weight
+
   def rows_s(total_rows, contexts):
-    return costmodel.rows_step_time(spec, cfg, total_rows, contexts, dtype=dtype, mesh=mesh)
+    return costmodel.rows_step_time(spec, cfg, total_rows, contexts, dtype=dtype, mesh=mesh, weights=weights)
 
   kind = drafter_registry.get(drafter)
   layers = None
@@ -41,10 +43,12 @@ def cost_functions(spec: costmodel.DeviceSpec, m, drafter: str, slots: int, draf
   dcfg = drafter_registry.draft_config(kind, cfg, draft.cfg if kind.draft_model and draft is not None else None,
                                       layers)
 
+  draft_weights = quant.weights_kind(draft.params) if kind.draft_model and draft is not None else weights
+
   def draft_s(k, batch):
     if dcfg is None or k <= 0:
       return 0.0
-    return k * costmodel.step_time(spec, dcfg, slots, 1, 256, dtype=dtype, mesh=mesh)
+    return k * costmodel.step_time(spec, dcfg, slots, 1, 256, dtype=dtype, mesh=mesh, weights=draft_weights)
 
   return rows_s, draft_s
 
