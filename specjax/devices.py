@@ -34,10 +34,10 @@ class DeviceSpec:
                                    # compute); ``calibrate`` measures it
   link_latency_s: float = 0.0      # fixed cost of one collective over the interconnect
   weight_rates: dict = dataclasses.field(default_factory=dict)
-                                   # weight type → [a, b]: a matmul over W quantized weights and R rows
-                                   # computes in W · (a + b · R) seconds (``calibrate`` fits it on this
-                                   # machine's kernels: unpacking every weight, then the rows); a type not
-                                   # listed computes at the dtype's peak (XLA fuses the dequantization)
+                                   # weight type → {"rows": [M...], "s_per_weight": [t...]}: the quantized
+                                   # matmul's measured seconds per weight at M rows (``calibrate``, this
+                                   # machine's kernels); a type not listed computes at the dtype's peak (XLA
+                                   # fuses the dequantization on accelerators)
 
   def peak(self, dtype: str) -> float:
     if dtype not in self.peak_flops or not self.peak_flops[dtype]:
@@ -58,12 +58,18 @@ class DeviceSpec:
 
   def matrix_seconds(self, weights: str, num_weights: float, rows, dtype: str):
     """Compute time of the matrix products over ``num_weights`` weights of type ``weights`` and ``rows`` rows
-    (a number or a numpy array)."""
+    (a number or a numpy array): the measured time per weight, interpolated between the probed row counts
+    (and extended along the last two past them), or 2 FLOPs per weight and row at the dtype's peak."""
     rate = self.weight_rates.get(weights)
-    if rate:
-      a, b = rate
-      return num_weights * (a + b * rows)
-    return 2.0 * num_weights * rows / self.peak(dtype)
+    if not rate:
+      return 2.0 * num_weights * rows / self.peak(dtype)
+    import numpy as np
+    ms, ts = np.asarray(rate["rows"], float), np.asarray(rate["s_per_weight"], float)
+    r = np.asarray(rows, float)
+    slope = (ts[-1] - ts[-2]) / (ms[-1] - ms[-2]) if len(ms) > 1 else 0.0
+    t = np.where(r > ms[-1], ts[-1] + slope * (r - ms[-1]), np.interp(r, ms, ts))
+    out = num_weights * t
+    return float(out) if out.ndim == 0 else out
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -286,13 +286,19 @@ def test_fewer_bytes_per_weight_is_faster_until_unpacking_costs_more():
   spec = costmodel.DeviceSpec("bw-bound", {"float32": 1e15}, 10e9, 8e9)     # compute free: bytes set the pace
   t = {k: costmodel.step_time(spec, CFG, 1, 1, 16, weights=k) for k in ("fp32", "bf16", "int8", "int4")}
   assert t["fp32"] > t["bf16"] > t["int8"] > t["int4"]
-  # A kernel that unpacks slowly (a per weight) and multiplies at b per weight and row: W · (a + b · R).
-  slow = dataclasses.replace(spec, weight_rates={"int4": [1e-9, 1e-12], "int8": [1e-9, 1e-12]})
+  # A kernel measured at 1e-9 s per weight at one row and 2e-9 at 9 (calibrate's table): interpolated
+  # between them, extended along the last two past them.
+  table = {"rows": [1, 9], "s_per_weight": [1e-9, 2e-9]}
+  slow = dataclasses.replace(spec, weight_rates={"int4": table, "int8": table})
+  assert slow.matrix_seconds("int4", 10, 5, "float32") == pytest.approx(10 * 1.5e-9)
+  assert slow.matrix_seconds("int4", 10, 17, "float32") == pytest.approx(10 * 3e-9)
+  np.testing.assert_allclose(slow.matrix_seconds("int4", 10, np.array([1, 5]), "float32"), [1e-8, 1.5e-8])
+  assert slow.matrix_seconds("fp32", 10, 5, "float32") == 2 * 10 * 5 / 1e15        # not measured: the peak
   W = 3 * costmodel.layer_weight_count(CFG)
   c = costmodel.step_cost(CFG, 1, 5, 16, weights="int4")
-  head = 100 * 32 * (1e-9 + 5e-12)                 # the head at int8's rate, 5 rows
+  head = 100 * 32 * 1.5e-9                 # the head at int8's rate, 5 rows
   assert costmodel.compute_seconds(slow, c, "float32", "int4") == pytest.approx(
-      W * (1e-9 + 5 * 1e-12) + head + (c.flops - 2 * 5 * (W + 3200)) / 1e15)
+      W * 1.5e-9 + head + (c.flops - 2 * 5 * (W + 3200)) / 1e15)
   assert costmodel.step_time(slow, CFG, 1, 1, 16, weights="int4") > t["fp32"]
   # The scheduler's forms agree with step_time at equal rows and contexts.
   assert costmodel.ragged_step_time(slow, CFG, [5, 5], [16, 16], weights="int4") == pytest.approx(
@@ -322,4 +328,7 @@ def test_calibrate_fits_the_quantized_matmuls():
   from specjax.measure import calibrate
   rates = calibrate.probe_weights(kinds=("int8", "int4"), rows=(1, 4, 16), N=256, D=256, repeats=1)
   for r in rates.values():
-    assert r["a"] >= 0 and r["b"] >= 0 and r["a"] + r["b"] > 0 and set(r["ms"]) == {1, 4, 16}
+    assert r["rows"] == [1, 4, 16] and all(t > 0 for t in r["s_per_weight"]) and set(r["ms"]) == {1, 4, 16}
+  spec = costmodel.DeviceSpec("probed", {"float32": 1e11}, 1e10, 1e9, weight_rates={
+      k: {"rows": r["rows"], "s_per_weight": r["s_per_weight"]} for k, r in rates.items()})
+  assert costmodel.DeviceSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec

@@ -277,7 +277,7 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   device = tmp_path / "device.json"        # a made-up machine: the prediction's plumbing, not its numbers
   device.write_text(json.dumps(costmodel.DeviceSpec(
       "made-up", {"float32": 50e9}, 20e9, 8e9, floor_s=1e-4, overlap=0.0,
-      weight_rates={"int8": [2e-11, 5e-12], "int4": [3e-11, 5e-12]}).to_dict()))
+      weight_rates={k: {"rows": [1, 32], "s_per_weight": [3e-11, 2e-10]} for k in ("int8", "int4")}).to_dict()))
   res = wx.weights(model=path, kinds=("fp32", "int8", "int4"), prompts=str(prompts), per_category=None,
                    limit=2, max_new_tokens=8, max_len=256, rows=(1, 4), verify_repeats=1,
                    drafters=(("ngram", 3),), text="the cat sat on the mat. a b c a b c", device=str(device),

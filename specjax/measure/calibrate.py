@@ -12,9 +12,8 @@ Three probes, each the best of a few repeats:
              is a + b · layers (dispatch, the sampling tail, per-kernel launches);
   weights    for each quantized weight type (bf16, int8, int4), the matmul the model runs for it (the native
              kernel where it applies, else XLA's dequantize-and-dot) over a weight that stays in the caches,
-             at 1…32 rows: its time fits W · (a + b · rows) for W weights — a, the cost of unpacking each
-             weight once, b, of each row's multiply-adds — which the cost model adds to the memory stream
-             (``DeviceSpec.weight_rates``).
+             at 1…64 rows: seconds per weight by rows, the compute side of a quantized step in the cost
+             model (``DeviceSpec.weight_rates``; the memory side is the bytes of the stored type).
 
 The result is a ``costmodel.DeviceSpec`` named after the machine, saved under the specjax cache
 (``calibration/<machine tag>.json``) and reused by later runs on the same machine unless ``--force``.
@@ -118,11 +117,13 @@ def probe_overlap(bandwidth: float, flops: float, rows: int = 8, nbytes: int = 5
   return float(np.clip(1 - (t - max(mem, comp)) / min(mem, comp), 0.0, 1.0))
 
 
-def probe_weights(kinds=("bf16", "int8", "int4"), rows=(1, 2, 4, 8, 16, 32), N: int = 2048, D: int = 1536,
-                  repeats: int = 5) -> dict[str, dict]:
-  """Per quantized weight type: the model's matmul for it over an [N, D] weight (6 MB in bf16: cached, so the
-  arithmetic is measured, not the stream) at each of ``rows``, and the least-squares fit t = W · (a + b · M)
-  (a, b ≥ 0).  Returns {kind: {"a": s/weight, "b": s/weight/row, "ms": {rows: ms}}}."""
+def probe_weights(kinds=("bf16", "int8", "int4"), rows=(1, 2, 4, 8, 16, 32, 64), N: int = 4096, D: int = 1536,
+                  repeats: int = 10) -> dict[str, dict]:
+  """Per quantized weight type: the model's matmul for it over an [N, D] weight (12 MB in bf16, 3.5 MB in
+  int4: in the last-level cache, so the arithmetic is measured, not the stream) at each of ``rows``, as
+  seconds per weight.  A table rather than a fitted line: the kernels change regime with the rows (register
+  tiles, then XLA past ``cpu_qmatmul.MAX_ROWS``).  Returns {kind: {"rows": [...], "s_per_weight": [...],
+  "ms": {rows: ms}}}."""
   w = np.asarray(jax.random.normal(jax.random.PRNGKey(2), (N, D), jnp.float32))
   backends = dispatch.resolve()
   out = {}
@@ -130,14 +131,8 @@ def probe_weights(kinds=("bf16", "int8", "int4"), rows=(1, 2, 4, 8, 16, 32), N: 
     qw = quant.quantize(kind, w)
     f = jax.jit(lambda x, qw: cpu_qmatmul.qmatmul_t(x, qw, backends=backends))
     ms = {M: _best_seconds(lambda: f(jnp.ones((M, D), jnp.float32), qw), repeats) for M in rows}
-    per_weight = np.array([ms[M] / (N * D) for M in rows])
-    A = np.stack([np.ones(len(rows)), np.asarray(rows, float)], 1)
-    a, b = np.linalg.lstsq(A, per_weight, rcond=None)[0]
-    if b < 0:                                  # flat in the rows: all unpacking
-      a, b = float(per_weight.mean()), 0.0
-    elif a < 0:                                # no fixed part: all per-row work
-      a, b = 0.0, float(np.dot(per_weight, rows) / np.dot(rows, rows))
-    out[kind] = {"a": float(a), "b": float(b), "ms": {int(M): t * 1e3 for M, t in ms.items()}}
+    out[kind] = {"rows": [int(M) for M in rows], "s_per_weight": [ms[M] / (N * D) for M in rows],
+                 "ms": {int(M): t * 1e3 for M, t in ms.items()}}
   return out
 
 
@@ -180,10 +175,12 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
       rec = json.loads(out.read_text(encoding="utf-8"))
       costmodel.DeviceSpec.from_dict(rec["spec"])
       log(f"[calibrate] reusing {out} (--force measures again)")
-      if not rec["spec"].get("weight_rates"):     # saved before the quantized probe existed: add it
+      if not all(isinstance(r, dict) for r in rec["spec"].get("weight_rates", {}).values()) or not rec[
+          "spec"].get("weight_rates"):             # saved before the quantized probe existed: add it
         log("[calibrate] measuring the quantized matmuls it lacks…")
-        rates = probe_weights(repeats=2 if quick else 5)
-        rec["spec"]["weight_rates"] = {k: [r["a"], r["b"]] for k, r in rates.items()}
+        rates = probe_weights(repeats=3 if quick else 10)
+        rec["spec"]["weight_rates"] = {k: {"rows": r["rows"], "s_per_weight": r["s_per_weight"]}
+                                       for k, r in rates.items()}
         rec["probes"]["weights"] = rates
         _save(out, rec)
       return rec
@@ -201,15 +198,15 @@ def calibrate(path: str | None = None, force: bool = False, log=print, quick: bo
   log(f"[calibrate] matmul {flops / 1e9:.1f} GFLOP/s, compute/memory overlap {overlap:.2f}; floor probe…")
   a, b = probe_floor(repeats=10 if quick else 30)
   log(f"[calibrate] floor {a * 1e6:.0f} µs + {b * 1e6:.1f} µs per layer; quantized matmuls…")
-  rates = probe_weights(repeats=reps)
-  log("[calibrate] " + ", ".join(f"{k} {1e-9 / r['a']:.0f} G weights/s unpacked + {r['b'] * 1e12:.0f} ps per "
-                                 f"weight·row" if r["a"] else f"{k} {r['b'] * 1e12:.0f} ps per weight·row"
-                                 for k, r in rates.items()))
+  rates = probe_weights(repeats=3 if quick else 10)
+  log("[calibrate] quantized matmuls, G weights/s at 1 / 8 / 32 rows: " + ", ".join(
+      f"{k} " + " / ".join(f"{1e-9 / t:.0f}" for M, t in zip(r["rows"], r["s_per_weight"]) if M in (1, 8, 32))
+      for k, r in rates.items()))
   mem = _memory_bytes()
   spec = costmodel.DeviceSpec(
       name=f"calibrated:{machine.tag()}-{native.path_name()}", peak_flops={"float32": flops}, mem_bandwidth=stream,
       memory_bytes=mem, interconnect_bandwidth=0.0, floor_s=a, floor_per_layer_s=b, overlap=overlap,
-      weight_rates={k: [r["a"], r["b"]] for k, r in rates.items()},
+      weight_rates={k: {"rows": r["rows"], "s_per_weight": r["s_per_weight"]} for k, r in rates.items()},
       source=f"specjax calibrate on {provenance.short(desc)}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
   rec = {"spec": spec.to_dict(), "machine": desc,
          "probes": {"stream_bytes_per_s": stream, "raw_read_gb_per_s": raw, "matmul_flops": flops,
