@@ -281,11 +281,14 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   res = wx.weights(model=path, kinds=("fp32", "int8", "int4"), prompts=str(prompts), per_category=None,
                    limit=2, max_new_tokens=8, max_len=256, rows=(1, 4), verify_repeats=1,
                    drafters=(("ngram", 3),), text="the cat sat on the mat. a b c a b c", device=str(device),
-                   log=lambda *_: None)
+                   draft=path, pairs=(("int8", "int4"),), log=lambda *_: None)
   rows = {r["weights"]: r for r in res["rows"]}
   assert list(rows) == ["fp32", "int8", "int4"] and rows["fp32"]["speedup_vs_fp32"] == 1.0
   assert rows["int4"]["weight_bytes"] < rows["int8"]["weight_bytes"] < rows["fp32"]["weight_bytes"] / 3
-  assert all(r["identical_ngram k3"] == "2/2" and r["verify_ms_T4"] > 0 for r in rows.values())
+  assert all(r["identical_ngram k3"] == "2/2" and r["identical_model k4"] == "2/2" and r["verify_ms_T4"] > 0
+             for r in rows.values())
+  # A draft at another type than its target (its own executables: the draft's pytree differs)
+  assert rows["int8"]["identical_model k4 draft int4"] == "2/2" and rows["int8"]["predicted_speedup_model k4 draft int4"] > 0
   assert abs(rows["int8"]["perplexity_vs_fp32"]) < 0.05
   assert all(0 < r["predicted_verify_ms_T1"] < r["predicted_verify_ms_T4"] and r["predicted_speedup_ngram k3"] > 0
              for r in rows.values())

@@ -23,6 +23,13 @@ def _shape_key(engine: spec.Engine) -> str:
   return key
 
 
+def _signature(tree) -> tuple:
+  """What an executable depends on in a pytree argument: its structure (a ``QWeight``'s kind and group
+  included) and each leaf's shape and dtype."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
 def _sharded_jits(mesh, batch_size: int):
   """jit builders for the prefill and the decode loop on ``mesh`` with explicit out_shardings (from the
   abstract output: ``sharding.state_shardings``); inputs carry theirs as ShapeDtypeStruct shardings."""
@@ -52,8 +59,9 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
   """
   from specjax import compile_cache
 
-  init_key = ("init", engine, batch_size, prompt_pad, max_len)
-  loop_key = ("loop", engine, batch_size, max_len)
+  drafts = _signature(draft_params)       # one draft model at two weight types: two executables
+  init_key = ("init", engine, batch_size, prompt_pad, max_len, drafts)
+  loop_key = ("loop", engine, batch_size, max_len, drafts)
   if init_key in m._compiled and loop_key in m._compiled:
     return m._compiled[init_key], m._compiled[loop_key], 0.0
   t0 = time.perf_counter()
