@@ -15,6 +15,7 @@ import numpy as np
 
 from specjax import api, bench, costmodel, quant
 from specjax.measure import calibrate
+from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts
 from experiments.roofline import time_forward
 
@@ -76,8 +77,10 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
       meth = bench.speculative_method(mk, eos, max_len, batch_size=1, **sp)
       methods.append(dataclasses.replace(meth, label=f"{k} {name}"))
       owner.append(mk)
-      d = sp.get("draft")
-      plan[f"{k} {name}"] = (sp["k"], None if d is None else d.cfg,
+      d, kind = sp.get("draft"), drafter_registry.get(sp["drafter"])
+      layers = api.parse_layers(sp.get("draft_layers"), mk.cfg.num_layers) if kind.layers else None
+      plan[f"{k} {name}"] = (sp["k"], kind.priced,
+                             drafter_registry.draft_config(kind, mk.cfg, None if d is None else d.cfg, layers),
                              k if d is None else quant.weights_kind(d.params))
   timer = bench.Timer(log)
   for meth, mk in zip(methods, owner):        # warm-up (compiles each method)
@@ -117,7 +120,8 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
         name = label[len(k) + 1:]
         same = bench.identical_outputs(outputs_of[f"{k} plain"], outputs_of[label])
         row[f"speedup_{name}"] = round(t / plain, 3)
-        row[f"predicted_speedup_{name}"] = round(_predicted_speedup(spec, mk, k, *plan[label], *stats_of[label]), 3)
+        pred = _predicted_speedup(spec, mk, k, *plan[label], *stats_of[label])
+        row[f"predicted_speedup_{name}"] = None if pred is None else round(pred, 3)
         row[f"identical_{name}"] = f"{same[0]}/{same[1]}"
     table.append(row)
     log(f"[weights] {k}: {plain:.1f} tok/s, ppl {ppl:.3f}, verify T=1 {verify[rows[0]]:.1f} ms")
@@ -132,9 +136,13 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
   }
 
 
-def _predicted_speedup(spec, mk, kind: str, k: int, draft_cfg, draft_kind: str, stats, contexts) -> float:
+def _predicted_speedup(spec, mk, kind: str, k: int, priced: bool, draft_cfg, draft_kind: str, stats,
+                       contexts) -> float | None:
   """The cost model's speedup for a method with chains of k from its measured acceptance by position, at the
-  mean context it decoded at; ``draft_cfg`` None: a drafter without a model, priced as free."""
+  mean context it decoded at; ``draft_cfg`` None: a drafter without a model (priced as free); None for a
+  drafter the model does not price (a hybrid)."""
+  if not priced:
+    return None
   acc = api.spec_metrics(stats)["acceptance_by_position"]
   ctx = int(np.mean(contexts)) if len(contexts) else 128
   return costmodel.predicted_speedup(spec, mk.cfg, acc, k, 1, ctx, draft_cfg=draft_cfg, weights=kind,
@@ -173,7 +181,7 @@ def plot(result: dict, out_dir) -> None:
   ax.set_xscale("log", base=2)
   ax.set_xlabel("rows verified (T)")
   ax.set_ylabel("one forward, ms")
-  ax.set_title("verify cost vs rows by weight type (batch 1): measured, and the cost model (dashed)")
+  ax.set_title("verify cost vs rows, batch 1: measured (solid), cost model (dashed)")
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(Path(out_dir) / "verify_cost_by_weights.png", dpi=110)
