@@ -103,22 +103,6 @@ def test_generate_tokenize_json(tiny_model, tmp_path):
   assert json.loads(proc.stdout)["ids"]
 
 
-def test_run_writes_a_run_directory(tiny_model, tmp_path):
-  out = tmp_path / "run"
-  proc = specjax("run", "configs/quickstart.gin", "--gin-binding", f"quickstart.model = '{tiny_model}'",
-                 "--gin-binding", "quickstart.per_category = 1", "--gin-binding", "quickstart.categories = ['qa']",
-                 "--gin-binding", "quickstart.drafters = ['ngram']",
-                 "--gin-binding",
-                 "quickstart.max_new_tokens = 3", "--out", str(out), "--json")
-  assert proc.returncode == 0, proc.stderr
-  obj = json.loads(proc.stdout)
-  assert obj["rows"] and obj["run_dir"] == str(out)
-  for f in ("config.gin", "results.json", "results.csv", "speedup.png"):
-    assert (out / f).is_file(), f
-  assert "quickstart.max_new_tokens = 3" in (out / "config.gin").read_text()
-  assert json.loads((out / "results.json").read_text())["machine"]["kernel_path"]
-
-
 def test_models_lists_default(tmp_path):
   proc = specjax("models", "--json", cache=tmp_path)
   assert proc.returncode == 0, proc.stderr

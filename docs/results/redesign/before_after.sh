@@ -1,16 +1,17 @@
 #!/bin/bash
 # greedy outputs and JSON keys before (64e1003, /tmp/wt) vs after (/work/main) on the real model
 set -e
+PY=${PY:-/work/main/.venv/bin/python}  # an environment with jax; both sides run from source via PYTHONPATH
 for side in before after; do
   if [ $side = before ]; then dir=/tmp/wt; else dir=/work/main; fi
   for d in none ngram; do
-    (cd $dir && PYTHONPATH=$dir python -m specjax.cli generate --model smollm2-135m --prompts specjax-prompts --limit 20 \
+    (cd $dir && PYTHONPATH=$dir $PY -m specjax.cli generate --model smollm2-135m --prompts specjax-prompts --limit 20 \
       --max-new-tokens 64 --drafter $d --json > /tmp/ba/${side}_gen_$d.json 2>/tmp/ba/${side}_gen_$d.log)
   done
-  (cd $dir && PYTHONPATH=$dir python -m specjax.cli bench --model smollm2-135m --limit 3 --max-new-tokens 32 \
+  (cd $dir && PYTHONPATH=$dir $PY -m specjax.cli bench --model smollm2-135m --limit 3 --max-new-tokens 32 \
      --drafter ngram --json > /tmp/ba/${side}_bench.json 2>/tmp/ba/${side}_bench.log)
 done
-python - <<'PY'
+$PY - <<'PY'
 import json
 def keys(o, p=""):
   out=set()
