@@ -147,8 +147,19 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
   stats, contexts, lookups = [None] * M, [[] for _ in range(M)], [None] * M
   outputs: list = [[None] * P for _ in range(M)]
   order = paired_lib.schedule(M, P, R, paired)
+  learned = [method.draft_params for method in methods]
   for n, (r, p, i) in enumerate(order):
-    res = run(methods[i], batches[p])
+    # A learning drafter (suffix) sees the earlier prompt batches of the same repeat, never a later one
+    # and never an earlier repeat of this batch (that would copy the answer it is timed on).
+    if p == 0:
+      learned[i] = methods[i].draft_params
+    method = dataclasses.replace(methods[i], draft_params=learned[i])
+    res = run(method, batches[p])
+    if res.new_tokens:
+      arr, lens, live = batches[p]
+      learned[i] = drafter_registry.absorb(
+          method.engine.drafter, learned[i],
+          [np.asarray(arr[b, :lens[b]]).tolist() + list(res.new_tokens[b]) for b in range(len(res.new_tokens))])
     seconds[i, r, p], tokens[i, r, p] = res.seconds, res.tokens
     if r == 0:
       stats[i] = res.stats if stats[i] is None else jax.tree_util.tree_map(lambda a, b: a + b, stats[i],

@@ -108,7 +108,7 @@ def _eagle_dir(m, d):
 
 @pytest.mark.parametrize("drafter,policy", [("ngram", "adaptive"), ("ngram", "goodput"),
                                             ("layerskip", "goodput"), ("none", "fixed"), ("model", "adaptive"),
-                                            ("eagle", "fixed")])
+                                            ("eagle", "fixed"), ("suffix", "adaptive")])
 def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, drafter, policy, tmp_path):
   """Continuous batching with every kind of drafter: stateless (n-gram), the target's own layers, a separate
   draft model with its own KV cache (the target itself here: every draft accepted) and EAGLE (a cache and
@@ -131,7 +131,8 @@ def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, draf
   # some wait in the queue for a slot.
   reqs = [bt.Request(e, 12, rid=i) for i, e in enumerate(encoded)]
   pending, steps, most = list(reqs), 0, 0
-  with count_compiles() as compiles:
+  _names: list = []
+  with count_compiles(_names) as compiles:
     while pending or not all(r.done for r in reqs):
       for _ in range(2):
         if pending:
@@ -139,7 +140,7 @@ def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, draf
       eng.step()
       steps += 1
       most = max(most, eng.num_running)
-  assert compiles() == 0, "serving compiled after warm-up"
+  assert compiles() == 0, ("serving compiled after warm-up", _names)
   for r, want in zip(reqs, plain):
     assert r.tokens == want, (r.rid, r.tokens, want)
     assert r.finish_reason in ("stop", "length")

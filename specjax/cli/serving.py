@@ -1,5 +1,5 @@
-"""The ``serve-sim``, ``serve`` and ``loadgen`` commands: the continuous-batching engine in process, over
-HTTP, and a load generator for it."""
+"""The ``serve-sim``, ``serve``, ``loadgen`` and ``trace`` commands: the continuous-batching engine in process,
+over HTTP, a load generator for it, and the request traces both replay."""
 from __future__ import annotations
 
 from specjax.cli import common, flags
@@ -45,11 +45,47 @@ def register(sub) -> dict:
   lg.add_argument("--category", action="append", default=None)
   lg.add_argument("--max-tokens", type=flags.COUNT, default=64)
   lg.add_argument("--seed", type=flags.NONNEG, default=0)
+  lg.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
   lg.add_argument("--mixed-sampling", action="store_true",
                   help="send a mix of greedy and seeded sampled requests (temperature, top-p, top-k)")
   lg.add_argument("--plot", default=None, help="write the k-over-time plot (PNG) here")
   lg.add_argument("--json", action="store_true")
-  return {"serve-sim": cmd_serve_sim, "serve": cmd_serve, "loadgen": cmd_loadgen}
+
+  tr = sub.add_parser("trace", help="write a request trace (JSONL) for serve-sim --trace and loadgen --trace: "
+                                    "'repeated' (the same tasks asked again, reworded) or 'shifted' (the "
+                                    "traffic moves from one prompt set to another)")
+  tr.add_argument("kind", choices=("repeated", "shifted"))
+  tr.add_argument("--prompts", default="specjax-prompts", help="prompt file (a HumanEval JSONL works)")
+  tr.add_argument("--category", action="append", default=None, help="'repeated': the tasks' categories")
+  tr.add_argument("--tasks", type=flags.COUNT, default=8, help="'repeated': distinct tasks")
+  tr.add_argument("--repeats", type=flags.COUNT, default=3, help="'repeated': times each task is asked")
+  tr.add_argument("--first", action="append", default=None, help="'shifted': categories before the shift")
+  tr.add_argument("--then", action="append", default=None, help="'shifted': categories after it")
+  tr.add_argument("--requests", type=flags.COUNT, default=32, help="'shifted': requests in all")
+  tr.add_argument("--rate", type=flags.RATE, default=0.0, help="requests per second (0: all at once)")
+  tr.add_argument("--max-tokens", type=flags.COUNT, default=128)
+  tr.add_argument("--seed", type=flags.NONNEG, default=0)
+  tr.add_argument("--out", required=True, help="the JSONL file to write")
+  return {"serve-sim": cmd_serve_sim, "serve": cmd_serve, "loadgen": cmd_loadgen, "trace": cmd_trace}
+
+
+def cmd_trace(args) -> int:
+  from specjax.errors import SpecjaxError
+  from specjax.prompts import load_prompts
+  from specjax.serving import trace as trace_lib
+  if args.kind == "repeated":
+    prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+    items = trace_lib.repeated(prompts, args.tasks, args.repeats, args.rate, args.seed, args.max_tokens)
+  else:
+    if not args.first or not args.then:
+      raise SpecjaxError("a shifted trace needs --first CATEGORY and --then CATEGORY (the traffic before and "
+                         "after the shift)")
+    items = trace_lib.shifted([p.text for p in load_prompts(args.prompts, args.first)],
+                              [p.text for p in load_prompts(args.prompts, args.then)], args.requests, args.rate,
+                              args.seed, args.max_tokens)
+  trace_lib.save(items, args.out)
+  common.log(f"[trace] {len(items)} requests ({args.kind}) over {items[-1]['arrival']:.1f}s → {args.out}")
+  return 0
 
 
 def cmd_serve_sim(args) -> int:
@@ -75,6 +111,9 @@ def cmd_serve_sim(args) -> int:
   rep = eng.run(requests, log=common.log)
   rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
               "rate": args.rate if not args.trace else None, "buckets": list(eng.buckets)})
+  for field in ("round", "phase"):           # a repeated or shifted trace: the requests split by it
+    if any(field in r for r in reqs):
+      rep[f"by_{field}"] = bt.split_report(requests, [r.get(field) for r in reqs])
   if args.plot:
     from specjax.serving import plots
     plots.k_over_time(rep, args.plot)
@@ -128,8 +167,11 @@ def cmd_loadgen(args) -> int:
   url = urlparse(args.url)
   if url.scheme not in ("http", "https") or not url.netloc:
     raise SpecjaxError(f"--url must be a server's address like http://127.0.0.1:8000, got {args.url!r}")
-  prompts = [p.text for p in load_prompts(args.prompts, args.category)]
-  tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
+  if args.trace:
+    tr = trace_lib.load(args.trace, args.max_tokens)
+  else:
+    prompts = [p.text for p in load_prompts(args.prompts, args.category)]
+    tr = trace_lib.poisson(prompts, args.rate, args.requests, args.seed, args.max_tokens)
   if args.mixed_sampling:
     tr = loadgen.mixed_sampling(tr, args.seed)
   rep = loadgen.run(args.url, tr, log=common.log)

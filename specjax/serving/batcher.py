@@ -37,7 +37,7 @@ from specjax.errors import SpecjaxError
 from specjax.kv_cache import init_cache
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.serving import policies as pol
-from specjax.speculative import registry as drafter_registry
+from specjax.speculative import registry as drafter_registry, suffix
 
 
 class AdmissionError(SpecjaxError):
@@ -171,6 +171,7 @@ class ContinuousBatcher:
     built = build(m, ds, eos_ids=self.eos_ids, max_len=max_len, draft=draft, batch_size=self.slots,
                   memory_budget=memory_budget)
     self.draft_params = built.draft_params
+    self.learns, self.absorb_s = kind.learns, 0.0      # seconds spent indexing finished requests
     self.engines: dict[int, spec.Engine] = {
         k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))
         ._replace(sp=self.sp, per_row=self.per_request)
@@ -304,6 +305,11 @@ class ContinuousBatcher:
     r.finished, r.finish_reason = now, reason
     if r.slot is not None and self.running[r.slot] is r:
       self.running[r.slot] = None
+    if self.learns and r.tokens and r.rid != "warmup":   # a suffix index learns it between steps
+      t0 = time.perf_counter()
+      self.draft_params = drafter_registry.absorb(self.engines[self.k_top].drafter, self.draft_params,
+                                                  [list(r.prompt_ids) + list(r.tokens)])
+      self.absorb_s += time.perf_counter() - t0
     if r.on_finish is not None:
       r.on_finish(r)
 
@@ -391,7 +397,29 @@ class ContinuousBatcher:
             f"{len(self.queue)} queued, k={self.history[-1].k if self.history else 0}")
       if time_limit and self.clock() - start > time_limit:
         raise SpecjaxError(f"the trace did not finish in {time_limit:.0f}s")
-    return report(requests, self.history, start, self.clock(), refused)
+    out = report(requests, self.history, start, self.clock(), refused)
+    if self.learns:
+      out["index"] = self.index_stats()
+    return out
+
+  def index_stats(self) -> dict:
+    """A learning drafter's index: slots in use of its capacity, and the host seconds spent indexing."""
+    return {"tokens": suffix.corpus_fill(self.draft_params), "capacity": int(self.draft_params["corpus_C"].shape[0]),
+            "absorb_s": self.absorb_s}
+
+
+def split_report(requests: Sequence[Request], groups: Sequence) -> dict:
+  """Per group (a trace's round or phase): requests, tokens, tokens per delivery (how many tokens a step
+  gave the request: acceptance as the client sees it) and the inter-token latency percentiles."""
+  out = {}
+  for g in sorted({g for g in groups if g is not None}):
+    rs = [r for r, x in zip(requests, groups) if x == g and r.done and r.tokens]
+    deliveries = sum(len(set(r.token_times)) for r in rs)
+    tpot = [(r.token_times[-1] - r.first_token) / (len(r.tokens) - 1) for r in rs if len(r.tokens) > 1]
+    out[str(g)] = {"requests": len(rs), "tokens": sum(len(r.tokens) for r in rs),
+                   "tokens_per_delivery": sum(len(r.tokens) for r in rs) / max(deliveries, 1),
+                   "itl_s": {"p50": _pct(tpot, 50), "p99": _pct(tpot, 99)}}
+  return out
 
 
 def _pct(xs, q):

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, hybrid
+from specjax.speculative import drafters, eagle, hybrid, suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Kind:
   layers: bool = False          # takes ``--draft-layers`` (a subset of the target's layers)
   stateless: bool = False       # keeps no draft cache (k = 0 may run a plain engine beside it)
   priced: bool = True           # the cost model prices its chains (a hybrid's steps mix free and model drafts)
+  learns: bool = False          # its draft params are an index of finished sequences (``absorb`` them)
 
   @property
   def draft_model(self) -> bool:
@@ -49,6 +50,8 @@ KINDS = {k.name: k for k in (
     Kind("hybrid", "prompt lookup where the last n tokens repeat, the draft model elsewhere", draft="model",
          trees=False, ngram=True, priced=False),
     Kind("eagle", "a trained feature drafter reading the target's hidden states", draft="head"),
+    Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
+         "requests and the batch", stateless=True, learns=True),
 )}
 NAMES = tuple(KINDS)
 DRAFT_MODEL_NAMES = tuple(name for name, k in KINDS.items() if k.draft_model)
@@ -68,6 +71,14 @@ def draft_flag_help() -> str:
   model = " or ".join(DRAFT_MODEL_NAMES)
   heads = " or ".join(n for n, k in KINDS.items() if k.draft == "head")
   return f"--drafter {model} (a draft model) or {heads} (a trained drafter's directory)"
+
+
+def absorb(drafter, draft_params, sequences):
+  """The draft params after ``sequences`` (finished prompt + output token ids) have been seen: a learning
+  drafter's index grows (same shapes, nothing recompiles); every other drafter's params are returned as they
+  are."""
+  learn = getattr(drafter, "absorb", None)
+  return draft_params if learn is None else learn(draft_params, sequences)
 
 
 def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None,
@@ -128,5 +139,6 @@ _BUILDERS = {
     "hybrid": lambda x: (hybrid.hybrid_drafter(x.draft_cfg, x.k, min_match=x.ngram, buckets=x.buckets),
                          x.draft_params),
     "eagle": _eagle,
+    "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index()),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
