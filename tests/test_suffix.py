@@ -171,3 +171,47 @@ def test_sampled_suffix_trees_are_lossless(shape):
   print(f"suffix {shape}: p = {p_right:.3g} (the rule), {p_broken:.3g} (no residual)")
   assert p_right > 1e-3, p_right
   assert p_broken < 1e-6, p_broken
+
+
+def test_repeated_and_shifted_traces_round_trip(tmp_path, capsys):
+  """`specjax trace`: a repeated trace asks every task once per round, reworded; a shifted one moves from one
+  category to another halfway; both load back for serve-sim/loadgen --trace with their labels."""
+  from specjax.cli import main
+  from specjax.serving import trace as trace_lib
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text("".join(f'{{"question_id": {i}, "category": "{c}", "turns": ["task {i} {c}"]}}\n'
+                             for i, c in enumerate(["qa", "qa", "qa", "math", "math"])))
+  out = tmp_path / "rep.jsonl"
+  assert main(["trace", "repeated", "--prompts", str(prompts), "--tasks", "3", "--repeats", "2", "--rate", "2",
+               "--out", str(out)]) == 0
+  items = trace_lib.load(str(out))
+  assert [i["round"] for i in items] == [0, 0, 0, 1, 1, 1]
+  assert sorted(i["task"] for i in items[:3]) == [0, 1, 2] == sorted(i["task"] for i in items[3:])
+  texts = [f"task {i} qa" for i in range(3)]
+  assert all(i["prompt"] == trace_lib.REWORDINGS[i["round"]].format(p=texts[i["task"]]) for i in items)
+  assert all(b["arrival"] >= a["arrival"] for a, b in zip(items, items[1:]))
+  out2 = tmp_path / "shift.jsonl"
+  assert main(["trace", "shifted", "--prompts", str(prompts), "--first", "qa", "--then", "math", "--requests", "6",
+               "--out", str(out2)]) == 0
+  items = trace_lib.load(str(out2))
+  assert [i["phase"] for i in items] == [0, 0, 0, 1, 1, 1]
+  assert all(("math" in i["prompt"]) == bool(i["phase"]) for i in items)
+  assert main(["trace", "repeated", "--prompts", str(prompts), "--tasks", "9", "--out", str(out)]) == 2
+  assert "lower --tasks" in capsys.readouterr().err
+
+
+def test_the_server_index_stays_within_its_size_over_a_long_trace(tiny):  # noqa: F811
+  """Twelve requests through a 160-slot index: it evicts the oldest, never grows, and ends with the newest."""
+  from specjax.serving import factory
+  b = factory.make_batcher(tiny, drafter="suffix", policy="fixed", k=4, slots=2, max_len=128)
+  b.draft_params = empty_index(160)
+  b.warmup(16)
+  reqs = [bt.Request(tiny.tokenizer.encode_chat(f"hello world {i}"), 12, rid=i) for i in range(12)]
+  fills = []
+  for r in reqs:
+    b.run([r])
+    fills.append(b.index_stats()["tokens"])
+  assert max(fills) <= 160 and fills[-1] == 160, fills
+  corpus = np.asarray(b.draft_params["corpus_C"]).tolist()
+  last = list(reqs[-1].prompt_ids) + reqs[-1].tokens
+  assert corpus[-len(last):] == last

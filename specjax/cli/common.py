@@ -82,8 +82,9 @@ def add_process_flags(p: argparse.ArgumentParser) -> None:
 
 def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
                  many_trees: bool = False) -> None:
-  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle "
-                 "(hybrid: prompt lookup where the last --ngram tokens occurred before, the draft model elsewhere)")
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle | suffix "
+                 "(hybrid: prompt lookup where the last --ngram tokens occurred before, the draft model elsewhere; "
+                 "suffix: suffix decoding over earlier requests)")
   p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
                  "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
   if trees:
