@@ -58,7 +58,7 @@ def absorb(draft_params: dict, sequences: Sequence[Sequence[int]]) -> dict:
   # Placed as before: jit keys its executables by placement and committedness too (an uncommitted array stays
   # uncommitted; one replicated over a mesh stays so).
   old = draft_params["corpus_C"]
-  new = jax.device_put(grown, old.sharding) if getattr(old, "committed", False) else jnp.asarray(grown)
+  new = jax.device_put(grown, old.sharding) if getattr(old, "committed", False) else jax.device_put(grown)
   return {**draft_params, "corpus_C": new}
 
 
