@@ -189,7 +189,9 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
       ("slots", "slots in the batch"), ("tokens_per_second", "generated tokens per second (smoothed)"),
       ("k_chosen", "draft tokens the policy chose for the latest iteration"),
       ("acceptance_rate", "accepted ÷ drafted tokens so far"),
-      ("generated_tokens_total", "tokens generated"), ("requests_total", "requests accepted"))}
+      ("generated_tokens_total", "tokens generated"), ("requests_total", "requests accepted"),
+      ("index_tokens", "a learning drafter's index (suffix): token slots in use, of index_capacity"),
+      ("index_capacity", "a learning drafter's index: its size in token slots"))}
   eos_ids = tuple(worker.batcher.eos_ids)
 
   def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -227,6 +229,10 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
     g["acceptance_rate"].set(acc / drafted if drafted else 0.0)
     g["generated_tokens_total"].set(worker.tokens_total)
     g["requests_total"].set(worker.requests_total)
+    if b.learns:
+      idx = b.index_stats()
+      g["index_tokens"].set(idx["tokens"])
+      g["index_capacity"].set(idx["capacity"])
     return PlainTextResponse(prom.generate_latest(registry).decode(), media_type=prom.CONTENT_TYPE_LATEST)
 
   async def _body(request: HttpRequest):
