@@ -8,7 +8,7 @@ import pytest
 
 from specjax import config, model
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, registry
+from specjax.speculative import drafters, registry, suffix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,9 +39,12 @@ def test_build_gives_what_each_kind_says():
   d, p = registry.build(registry.get("model"), cfg, params, k=4, depth=None, buckets=buckets, draft_cfg=cfg,
                         draft_params=params)
   assert d.cfg is cfg and p is params
+  d, p = registry.build(registry.get("suffix"), cfg, params, k=4, depth=None, buckets=buckets)
+  assert isinstance(d, suffix.SuffixDrafter) and p["corpus_C"].shape == (suffix.DEFAULT_CORPUS_TOKENS,)
   for name, kind in registry.KINDS.items():
     if kind.stateless:
-      assert name in ("none", "ngram")
+      assert name in ("none", "ngram", "suffix")
+    assert kind.learns == (name == "suffix")
   assert registry.draft_config(registry.get("ngram"), cfg) is None
   assert registry.draft_config(registry.get("layerskip"), cfg, layers=(0,)).num_layers == 1
   assert registry.draft_config(registry.get("eagle"), cfg).num_layers == 1
