@@ -22,6 +22,7 @@ import numpy as np
 
 from specjax import api, paired
 from specjax.serving import batcher as bt, factory, trace as trace_lib
+from specjax.speculative import suffix
 from experiments.common import pick_prompts
 
 
@@ -37,7 +38,8 @@ def _serve_one(b: bt.ContinuousBatcher, ids: list[int], max_new: int) -> tuple[l
 def suffix_trace(model: str = "smollm2-135m", weights: str = "auto", prompts: str = "specjax-prompts",
                  categories=None, tasks: int = 8, repeats: int = 3, max_new_tokens: int = 128,
                  max_len: int = 1024, k: int = 8, ngram_k: int = 5, slots: int = 4, concurrent: bool = True,
-                 seed: int = 0, log=print) -> dict:
+                 index_tokens: int = suffix.DEFAULT_CORPUS_TOKENS, seed: int = 0, log=print) -> dict:
+  """``index_tokens``: the suffix index's size in token slots (the oldest evicted past it)."""
   chosen = pick_prompts(prompts, categories, None, None)
   reqs = trace_lib.repeated([p.text for p in chosen], tasks, repeats, 0.0, seed, max_new_tokens)
   m = api.load(model, weights=weights)
@@ -53,8 +55,10 @@ def suffix_trace(model: str = "smollm2-135m", weights: str = "auto", prompts: st
       f"{max_new_tokens} new tokens, methods {', '.join(methods)}")
 
   def make(slots_: int):
-    return {name: factory.make_batcher(m, policy="fixed", slots=slots_, max_len=max_len, **kw)
-            for name, kw in methods.items()}
+    out = {name: factory.make_batcher(m, policy="fixed", slots=slots_, max_len=max_len, **kw)
+           for name, kw in methods.items()}
+    out[f"suffix k{k}"].draft_params = suffix.empty_index(index_tokens)    # before warm-up: compiled for it
+    return out
 
   batchers = make(1)
   for b in batchers.values():
