@@ -21,13 +21,15 @@ import time
 import numpy as np
 
 from specjax import api, paired
+from specjax.errors import SpecjaxError
 from specjax.serving import batcher as bt, factory, trace as trace_lib
 from specjax.speculative import suffix
 from experiments.common import pick_prompts
 
 
 def _serve_one(b: bt.ContinuousBatcher, ids: list[int], max_new: int) -> tuple[list[int], float, int]:
-  """One request alone through a batcher: (tokens, seconds from admission to its last token, steps)."""
+  """One request alone through a batcher: (tokens, seconds from submission to its last token, prefill
+  included, steps)."""
   r = bt.Request(list(ids), max_new, arrival=0.0)
   steps0 = len(b.history)
   t0 = time.perf_counter()
@@ -46,7 +48,6 @@ def suffix_trace(model: str = "smollm2-135m", weights: str = "auto", prompts: st
   encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in reqs]
   longest = max(map(len, encoded))
   if longest + max_new_tokens + k + 1 > max_len:
-    from specjax.errors import SpecjaxError
     raise SpecjaxError(f"suffix_trace: a prompt of {longest} tokens + {max_new_tokens} new does not fit "
                        f"max_len {max_len}: raise max_len")
   methods = {"plain": dict(drafter="none", k=0), f"ngram k{ngram_k}": dict(drafter="ngram", k=ngram_k),

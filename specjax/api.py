@@ -157,10 +157,10 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     stats["decode_s"] += time.perf_counter() - t1
     totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
     num_new = distributed.to_host(res.num_new_B)
-    # A learning drafter (suffix) indexes this batch's prompts and replies for the batches after it.
-    draft_params = drafter_registry.absorb(engine.drafter, draft_params,
-                                           [list(toks) + seq[i, len(toks):len(toks) + num_new[i]].tolist()
-                                            for i, toks in enumerate(chunk)])
+    if ds.kind.learns:    # a learning drafter (suffix) indexes this batch for the batches after it
+      draft_params = drafter_registry.absorb(engine.drafter, draft_params,
+                                             [list(toks) + seq[i, len(toks):len(toks) + num_new[i]].tolist()
+                                              for i, toks in enumerate(chunk)])
     for i, toks in enumerate(chunk):
       ids = seq[i, len(toks):len(toks) + num_new[i]].tolist()
       p = prompts[start + i]

@@ -155,8 +155,8 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
       learned[i] = methods[i].draft_params
     method = dataclasses.replace(methods[i], draft_params=learned[i])
     res = run(method, batches[p])
-    if res.new_tokens:
-      arr, lens, live = batches[p]
+    if res.new_tokens and drafter_registry.learns(getattr(method.engine, "drafter", None)):
+      arr, lens, _ = batches[p]
       learned[i] = drafter_registry.absorb(
           method.engine.drafter, learned[i],
           [np.asarray(arr[b, :lens[b]]).tolist() + list(res.new_tokens[b]) for b in range(len(res.new_tokens))])

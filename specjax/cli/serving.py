@@ -91,7 +91,7 @@ def cmd_trace(args) -> int:
 def cmd_serve_sim(args) -> int:
   from specjax import buffers
   from specjax.prompts import load_prompts
-  from specjax.serving import batcher as bt, trace as trace_lib
+  from specjax.serving import batcher as bt, latency, trace as trace_lib
   common.check_drafter(args)
   if args.trace:
     reqs = trace_lib.load(args.trace, args.max_new_tokens)
@@ -113,7 +113,7 @@ def cmd_serve_sim(args) -> int:
               "rate": args.rate if not args.trace else None, "buckets": list(eng.buckets)})
   for field in ("round", "phase"):           # a repeated or shifted trace: the requests split by it
     if any(field in r for r in reqs):
-      rep[f"by_{field}"] = bt.split_report(requests, [r.get(field) for r in reqs])
+      rep[f"by_{field}"] = latency.split_report(requests, [r.get(field) for r in reqs])
   if args.plot:
     from specjax.serving import plots
     plots.k_over_time(rep, args.plot)

@@ -37,7 +37,8 @@ from specjax.errors import SpecjaxError
 from specjax.kv_cache import init_cache
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.serving import policies as pol
-from specjax.speculative import registry as drafter_registry, suffix
+from specjax.serving.latency import report
+from specjax.speculative import registry as drafter_registry
 
 
 class AdmissionError(SpecjaxError):
@@ -404,46 +405,4 @@ class ContinuousBatcher:
 
   def index_stats(self) -> dict:
     """A learning drafter's index: slots in use of its capacity, and the host seconds spent indexing."""
-    return {"tokens": suffix.corpus_fill(self.draft_params), "capacity": int(self.draft_params["corpus_C"].shape[0]),
-            "absorb_s": self.absorb_s}
-
-
-def split_report(requests: Sequence[Request], groups: Sequence) -> dict:
-  """Per group (a trace's round or phase): requests, tokens, tokens per delivery (how many tokens a step
-  gave the request: acceptance as the client sees it) and the inter-token latency percentiles."""
-  out = {}
-  for g in sorted({g for g in groups if g is not None}):
-    rs = [r for r, x in zip(requests, groups) if x == g and r.done and r.tokens]
-    deliveries = sum(len(set(r.token_times)) for r in rs)
-    tpot = [(r.token_times[-1] - r.first_token) / (len(r.tokens) - 1) for r in rs if len(r.tokens) > 1]
-    out[str(g)] = {"requests": len(rs), "tokens": sum(len(r.tokens) for r in rs),
-                   "tokens_per_delivery": sum(len(r.tokens) for r in rs) / max(deliveries, 1),
-                   "itl_s": {"p50": _pct(tpot, 50), "p99": _pct(tpot, 99)}}
-  return out
-
-
-def _pct(xs, q):
-  return float(np.percentile(xs, q)) if len(xs) else None
-
-
-def report(requests: Sequence[Request], history: Sequence[StepRecord], start: float, end: float,
-           refused=()) -> dict:
-  """Throughput, time to first token, inter-token latency (per-request time per output token after the
-  first) and the gaps between token deliveries, as percentiles; the k chosen over time."""
-  served = [r for r in requests if r.done and r.tokens]
-  ttft = [r.first_token - r.arrival for r in served]
-  tpot = [(r.token_times[-1] - r.first_token) / (len(r.tokens) - 1) for r in served if len(r.tokens) > 1]
-  gaps = [b - a for r in served for a, b in zip(r.token_times, r.token_times[1:]) if b > a]
-  tokens = sum(len(r.tokens) for r in served)
-  wall = max(end - start, 1e-9)
-  ks = [h.k for h in history]
-  return {"requests": len(requests), "served": len(served), "refused": len(refused),
-          "refused_reasons": sorted({why for _, why in refused})[:5], "tokens": tokens, "wall_s": wall,
-          "tokens_per_s": tokens / wall,
-          "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
-          "itl_s": {"p50": _pct(tpot, 50), "p90": _pct(tpot, 90), "p99": _pct(tpot, 99)},
-          "token_gap_s": {"p50": _pct(gaps, 50), "p90": _pct(gaps, 90), "p99": _pct(gaps, 99)},
-          "steps": len(history), "mean_k": float(np.mean(ks)) if ks else 0.0,
-          "k_share": {str(k): ks.count(k) / len(ks) for k in sorted(set(ks))} if ks else {},
-          "k_over_time": [[round(h.t - start, 4), h.k, h.live] for h in history],
-          "mean_live": float(np.mean([h.live for h in history])) if history else 0.0}
+    return {**self.engines[self.k_top].drafter.index_stats(self.draft_params), "absorb_s": self.absorb_s}

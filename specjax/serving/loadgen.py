@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from specjax.serving.batcher import _pct
+from specjax.serving.latency import pct
 
 # The mix ``--mixed-sampling`` cycles through: greedy, and sampled settings with each filter.
 MIX = ({"temperature": 0.0}, {"temperature": 0.7}, {"temperature": 1.0, "top_p": 0.9},
@@ -100,8 +100,8 @@ async def _run(url: str, trace: list[dict]) -> dict:
           "errors": sorted({o["error"] for o in out if o["error"]})[:5], "wall_s": end - start,
           "chunks": chunks, "tokens": tokens,
           "finish_reasons": {k: sum(o["finish_reason"] == k for o in ok) for k in sorted({o["finish_reason"] for o in ok})}, "tokens_per_s": tokens / max(end - start, 1e-9),
-          "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
-          "itl_s": {"p50": _pct(itl, 50), "p90": _pct(itl, 90), "p99": _pct(itl, 99)},
+          "ttft_s": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+          "itl_s": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
           "k_over_time": ks, "mean_k": float(np.mean([k for _, k, _ in ks])) if ks else 0.0,
           "note": "tokens from each stream's usage; inter-token latency = (last chunk − first chunk) ÷ (chunks − 1)"}
 

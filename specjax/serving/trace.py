@@ -20,9 +20,7 @@ def poisson(prompts: list[str], rate: float, n: int, seed: int = 0, max_tokens: 
     raise SpecjaxError(f"--rate must be >= 0 requests/s (0: all at once), got {rate}")
   if not prompts:
     raise SpecjaxError("no prompts for the trace")
-  rng = np.random.default_rng(seed)
-  gaps = np.zeros(n) if rate == 0 or not np.isfinite(rate) else rng.exponential(1.0 / rate, n)
-  t = np.cumsum(gaps) - gaps[0]
+  t = _arrivals(n, rate, np.random.default_rng(seed))
   return [{"arrival": float(t[i]), "prompt": prompts[i % len(prompts)], "max_tokens": max_tokens}
           for i in range(n)]
 

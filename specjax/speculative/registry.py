@@ -77,8 +77,12 @@ def absorb(drafter, draft_params, sequences):
   """The draft params after ``sequences`` (finished prompt + output token ids) have been seen: a learning
   drafter's index grows (same shapes, nothing recompiles); every other drafter's params are returned as they
   are."""
-  learn = getattr(drafter, "absorb", None)
-  return draft_params if learn is None else learn(draft_params, sequences)
+  return drafter.absorb(draft_params, sequences) if learns(drafter) else draft_params
+
+
+def learns(drafter) -> bool:
+  """Whether a built drafter learns from finished sequences (its kind's ``learns``: it has ``absorb``)."""
+  return hasattr(drafter, "absorb")
 
 
 def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | None = None,

@@ -97,28 +97,28 @@ class SuffixDrafter:
   def absorb(self, draft_params, sequences):
     return absorb(draft_params, sequences)
 
+  def index_stats(self, draft_params) -> dict:
+    """Token slots of the index in use, and its size."""
+    return {"tokens": corpus_fill(draft_params), "capacity": int(draft_params["corpus_C"].shape[0])}
+
   # ---------------------------------------------------------------------------------------------- lookup
   def _haystack(self, corpus_C, seq_BxS, lengths_B):
-    """[H] tokens (-1 where unknown) and, per row b, where its own region starts in it."""
+    """Per row: the tokens searched [B, H] (-1 where unknown or between documents), where the row's own
+    sequence starts in them [B] (or a scalar), and the row's known tokens [B, S]."""
     B, S = seq_BxS.shape
     known = jnp.arange(S)[None, :] <= lengths_B[:, None]
     rows = jnp.where(known, seq_BxS, -1).astype(jnp.int32)
-    if not self.cross_rows:
-      return None, rows
     sep = jnp.full((B, 1), -1, jnp.int32)
-    return jnp.concatenate([corpus_C, jnp.concatenate([rows, sep], axis=1).reshape(-1)]), rows
+    if not self.cross_rows:         # the corpus and the row's own tokens only
+      hay = jnp.concatenate([jnp.broadcast_to(corpus_C, (B,) + corpus_C.shape), sep, rows], axis=1)
+      return hay, corpus_C.shape[0] + 1, rows
+    shared = jnp.concatenate([corpus_C, jnp.concatenate([rows, sep], axis=1).reshape(-1)])   # one for all rows
+    return jnp.broadcast_to(shared, (B,) + shared.shape), corpus_C.shape[0] + jnp.arange(B) * (S + 1), rows
 
   def candidates(self, corpus_C, seq_BxS, lengths_B, D: int):
     """Continuations [B, R, D], their lengths [B, R] (0: none) and the match length [B]."""
-    B, S = seq_BxS.shape
-    shared, rows = self._haystack(corpus_C, seq_BxS, lengths_B)
-    if shared is None:      # the corpus and the row's own tokens only
-      hay_BxH = jnp.concatenate([jnp.broadcast_to(corpus_C, (B,) + corpus_C.shape), jnp.full((B, 1), -1, jnp.int32),
-                                 rows], axis=1)
-      own0 = corpus_C.shape[0] + 1
-    else:
-      hay_BxH = jnp.broadcast_to(shared, (B,) + shared.shape)
-      own0 = corpus_C.shape[0] + jnp.arange(B) * (S + 1)
+    B = seq_BxS.shape[0]
+    hay_BxH, own0, rows = self._haystack(corpus_C, seq_BxS, lengths_B)
     H = hay_BxH.shape[1]
     own_last = own0 + lengths_B                                          # the newest token, in the haystack
     # 1. match length ending at each position (the suffix read backwards: q_j = seq[L - j]).
@@ -143,13 +143,11 @@ class SuffixDrafter:
     R = min(self.occurrences, H)
     from_end = jnp.cumsum(best[:, ::-1], axis=1)[:, ::-1]               # best positions at or after i
     slot = jnp.where(best & (from_end <= R), from_end - 1, R)
-    occ = jnp.full((B, R + 1), -1, jnp.int32).at[jnp.arange(B)[:, None], slot].set(
-        jnp.broadcast_to(i_H, (B, H)).astype(jnp.int32))[:, :R]
-    top = occ
-    occ = jnp.maximum(occ, 0)
-    idx = occ[:, :, None] + 1 + jnp.arange(D)[None, None, :]
+    occ_BxR = jnp.full((B, R + 1), -1, jnp.int32).at[jnp.arange(B)[:, None], slot].set(
+        jnp.broadcast_to(i_H, (B, H)).astype(jnp.int32))[:, :R]                      # -1: no occurrence
+    idx = jnp.maximum(occ_BxR, 0)[:, :, None] + 1 + jnp.arange(D)[None, None, :]
     cont = jnp.take_along_axis(hay_BxH[:, None, :], jnp.minimum(idx, H - 1), axis=2)   # [B, R, D]
-    live = (top[:, :, None] >= 0) & (idx < H) & (jnp.cumprod(cont >= 0, axis=2) > 0)
+    live = (occ_BxR[:, :, None] >= 0) & (idx < H) & (jnp.cumprod(cont >= 0, axis=2) > 0)
     clen = jnp.sum(live, axis=2).astype(jnp.int32)
     return jnp.where(live, cont, 0).astype(jnp.int32), clen, M_B
 
