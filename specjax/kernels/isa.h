@@ -6,7 +6,7 @@
 // container moved between hosts) runs the best path that machine has instead of faulting on an instruction it
 // lacks.
 //
-//   SpecjaxKernelIsa()      the path in use: 0 portable (compiler-vectorised loops), 1 AVX2+FMA, 2 AVX-512F
+//   SpecjaxKernelIsa()      the path in use: 0 portable (compiler-vectorised loops), 1 AVX2+FMA, 2 AVX-512F+BW
 //   SpecjaxSetIsa(i)        use path i if the CPU supports it, else the best one below it; returns the path
 //                           now in use (tests force each path in turn; SPECJAX_CPU_ISA does it from Python)
 //   SpecjaxDetectedIsa(f)   what the CPU supports; f = 1 pretends it supports nothing beyond the baseline
@@ -27,7 +27,7 @@
 #define SPECJAX_TARGET_AVX2
 #else
 #include <immintrin.h>
-#define SPECJAX_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define SPECJAX_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
 #define SPECJAX_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
 #else
@@ -50,7 +50,7 @@ inline int32_t DetectIsa() {
   return kAvx512;   // every path is plain C++ in an emulating build
 #endif
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
 #endif
