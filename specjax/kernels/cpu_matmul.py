@@ -27,21 +27,25 @@ def _live_mask(M: int, live, group: int) -> jax.Array:
   return (jnp.arange(M) % group < per_row)[:, None]
 
 
+PAD_ROWS = 4   # below fp32, fewer rows are computed as this many (matmul_t_reference)
+
+
 def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int = 1) -> jax.Array:
   """x · wᵀ by XLA, accumulated in fp32, in x's dtype.
 
-  One row below fp32 is computed as two (the second a zero row, dropped): XLA:CPU runs a one-row product as
-  a matrix-vector kernel whose reduction order differs from the same row's among several rows (a GEMM),
-  and after rounding to bf16 the difference flips greedy argmaxes: plain decoding at batch 1 (one row) and
-  its speculative verification (k + 1 rows) then disagree (docs/BENCHMARKS.md, "Greedy exactness on every
-  path").  With two rows every row count takes the GEMM, so a row's result does not depend on how many
-  others come with it; and XLA:CPU's bf16 matrix-vector kernel is several times slower than the GEMM
-  anyway.  fp32 keeps the one-row kernel: there it is the faster one, and its differences (~1e-7 relative)
-  have flipped no token in the measured runs."""
+  Below fp32, fewer than ``PAD_ROWS`` rows are computed as ``PAD_ROWS`` (zero rows added, then dropped):
+  XLA:CPU picks its kernel by the row count, and a row's reduction order differs between them — a one-row
+  matrix-vector kernel on every CPU measured, and on an Intel Xeon with AVX-512 BF16 and AMX (family 6
+  model 167) two rows against three or more — and after rounding to bf16 the difference flips greedy
+  argmaxes: plain decoding at batch 1 (one row) and its speculative verification (k + 1 rows) then disagree
+  (docs/BENCHMARKS.md, "Greedy exactness on every path").  From 4 rows on, every row count measured (up to
+  80) gives a row the same bits on both machines; and XLA:CPU's bf16 matrix-vector kernel is several times
+  slower than the GEMM anyway.  fp32 keeps the one-row kernel: there it is the faster one, and its
+  differences (~1e-7 relative) have flipped no token in the measured runs."""
   M = x_MxD.shape[0]
-  if M == 1 and x_MxD.dtype != jnp.float32:
-    y = jnp.einsum("md,nd->mn", jnp.pad(x_MxD, ((0, 1), (0, 0))), w_NxD,
-                   preferred_element_type=jnp.float32)[:1].astype(x_MxD.dtype)
+  if M < PAD_ROWS and x_MxD.dtype != jnp.float32:
+    y = jnp.einsum("md,nd->mn", jnp.pad(x_MxD, ((0, PAD_ROWS - M), (0, 0))), w_NxD,
+                   preferred_element_type=jnp.float32)[:M].astype(x_MxD.dtype)
   else:
     y = jnp.einsum("md,nd->mn", x_MxD, w_NxD, preferred_element_type=jnp.float32).astype(x_MxD.dtype)
   if live is None:
