@@ -181,17 +181,23 @@ def _header_length(path: Path) -> tuple[int, int]:
   return n, len(header) - len(header.rstrip(b" "))
 
 
-_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32"}
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "int8": "I8",
+              "uint8": "U8"}
+
+
+def _dtype_of(dtype, name: str) -> np.dtype:
+  """One dtype for every tensor, or ``dtype[name]`` when ``dtype`` is a dict."""
+  return np.dtype(dtype[name] if isinstance(dtype, dict) else dtype)
 
 
 def _safetensors_header(shapes: dict[str, tuple[int, ...]], dtype, align: int = 64) -> tuple[bytes, dict]:
-  """The header of a safetensors file holding zero-filled tensors of ``shapes`` in ``dtype``: (the bytes
-  up to the data, {name: data offset}).  The JSON is padded with spaces (the format allows it) so that the
-  data starts at a multiple of ``align`` bytes: every tensor whose offset is a multiple of ``align`` can then
-  be handed to XLA without a copy (``jax.device_put(..., may_alias=True)``)."""
-  dt = np.dtype(dtype)
+  """The header of a safetensors file holding zero-filled tensors of ``shapes`` in ``dtype`` (one dtype, or
+  a dict of them by name): (the bytes up to the data, {name: data offset}).  The JSON is padded with spaces
+  (the format allows it) so that the data starts at a multiple of ``align`` bytes: every tensor whose offset
+  is a multiple of ``align`` can then be handed to XLA without a copy (``jax.device_put(..., may_alias=True)``)."""
   header, offsets, pos = {}, {}, 0
   for name, shape in shapes.items():
+    dt = _dtype_of(dtype, name)
     n = dt.itemsize * int(np.prod(shape, dtype=np.int64))
     header[name] = {"dtype": _ST_DTYPES[dt.name], "shape": list(shape), "data_offsets": [pos, pos + n]}
     offsets[name] = pos
@@ -210,20 +216,20 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
   from specjax.errors import CheckpointError
 
   head, offsets = _safetensors_header(shapes, dtype)
-  itemsize = np.dtype(dtype).itemsize
   sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in shapes.items()}
   written = dict.fromkeys(shapes, 0)
-  data_bytes = itemsize * sum(sizes.values())
+  data_bytes = sum(_dtype_of(dtype, n).itemsize * sizes[n] for n in shapes)
   fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
   try:
     os.ftruncate(fd, len(head) + data_bytes)
     os.pwrite(fd, head, 0)
     for name, offset, flat in pieces:
-      if flat.dtype != np.dtype(dtype) or offset < 0 or offset + flat.size > sizes[name]:
+      dt = _dtype_of(dtype, name)
+      if flat.dtype != dt or offset < 0 or offset + flat.size > sizes[name]:
         raise CheckpointError(f"conversion wrote {flat.size} {flat.dtype} values at {offset} of tensor '{name}' "
-                              f"({sizes[name]} {np.dtype(dtype).name} values)")
+                              f"({sizes[name]} {dt.name} values)")
       buf = memoryview(np.ascontiguousarray(flat).reshape(-1).view(np.uint8))
-      pos, done = len(head) + offsets[name] + offset * itemsize, 0
+      pos, done = len(head) + offsets[name] + offset * dt.itemsize, 0
       while done < len(buf):                 # pwrite may write less than asked (large buffers)
         done += os.pwrite(fd, buf[done:], pos + done)
       written[name] += flat.size
@@ -287,7 +293,8 @@ def _read_safetensors_mmap(path: Path) -> dict[str, np.ndarray]:
     except ValueError as e:
       raise CorruptEntry(f"{path.name}: unreadable header ({e})") from None
   mm = np.memmap(path, dtype=np.uint8, mode="r")
-  dtypes = {"F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16, "I32": np.int32}
+  dtypes = {"F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16, "I32": np.int32, "I8": np.int8,
+            "U8": np.uint8}
   out = {}
   for name, info in header.items():
     if name == "__metadata__":

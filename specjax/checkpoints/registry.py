@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.cache_location import cache_dir
-from specjax.checkpoints import converted, download
+from specjax import quant
+from specjax.checkpoints import converted, download, quantized_cache
 from specjax.checkpoints.download import WheelPart
 from specjax.checkpoints.gguf_loader import load_gguf, open_gguf
 from specjax.checkpoints.safetensors_loader import load_hf_dir
@@ -218,14 +219,22 @@ def to_device(params):
                                 params)
 
 
-def load_model(name_or_path: str | os.PathLike, dtype=jnp.float32) -> LoadedModel:
-  """Load a model by registry name, .gguf path or Hugging Face directory."""
+def load_model(name_or_path: str | os.PathLike, dtype=jnp.float32, quantize_to: str | None = None) -> LoadedModel:
+  """Load a model by registry name, .gguf path or Hugging Face directory; ``quantize_to`` ('bf16', 'int8',
+  'int4'): its weights quantized by ``quant.quantize_params`` (a GGUF source's once, then read from the
+  cache: ``quantized_cache.py``)."""
   path = resolve(name_or_path)
   if path.is_dir():
     cfg, params, tokenizer = load_hf_dir(path, dtype)
+    if quantize_to is not None:
+      params = quant.quantize_params(params, quantize_to)
   elif path.suffix == ".gguf":   # converted once, then read from the converted-weight cache
-    cfg, params, tokenizer = converted.cached_convert(path, dtype, lambda: load_gguf(path, dtype),
-                                                      open_source=lambda: open_gguf(path))
+    fp32 = lambda: converted.cached_convert(path, dtype, lambda: load_gguf(path, dtype),   # noqa: E731
+                                            open_source=lambda: open_gguf(path))
+    if quantize_to is None:
+      cfg, params, tokenizer = fp32()
+    else:
+      cfg, params, tokenizer = quantized_cache.cached_quantize(path, quantize_to, fp32)
     params = to_device(params)
   else:  # unreachable through resolve
     raise CheckpointError(f"{path}: unknown checkpoint format")

@@ -122,9 +122,7 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model
   t0 = time.perf_counter()
   resolve(name_or_path)     # a bad name or path fails here, before anything starts in the background
   native.start_build()      # a first run compiles the CPU kernels while the weights load
-  loaded = load_model(name_or_path, dtype=_DTYPES[dtype])
-  if quantize_to is not None:
-    loaded = dataclasses.replace(loaded, params=quant.quantize_params(loaded.params, quantize_to))
+  loaded = load_model(name_or_path, dtype=_DTYPES[dtype], quantize_to=quantize_to)
   compile_cache.enable()    # registers the kernels before any cached executable can be read
   from specjax.measure import kernel_paths
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced

@@ -1,0 +1,151 @@
+"""Quantized weights in the converted-weight cache: quantize a model once, memory-map the result after that.
+
+``specjax.load(..., weights="int4")`` (and bf16, int8) of a GGUF source quantizes the converted fp32 model
+(``quant.quantize_params``) the first time and writes the result beside the fp32 entry; later loads map it:
+
+  <cache>/converted/<sha256 of the source, 32 hex>-<kind>-q<QUANT_VERSION>-v<LAYOUT_VERSION>/
+      params.safetensors   every leaf, a ``QWeight`` as NAME.data, NAME.scale and NAME.offset (each in its own
+                           dtype: uint8, int8, bfloat16, float32); tensors whose size is a multiple of 64
+                           bytes come first, so each of them stays aligned and is aliased, not copied
+      model.json           as an fp32 entry's (config, tokenizer, manifest with per-block CRC-32s), plus
+                           "qweights": {NAME: {"kind", "group"}}
+
+The fp32 entry is only read to make a quantized one, so a machine that runs int4 alone keeps 1.5 GB mapped
+for the 1.5B instead of 7.1 GB.  Writing, checking and rebuilding follow ``converted.py``: a temporary
+directory renamed into place whole, the manifest and CRC-32s checked on read, a bad entry reported in one
+line and rebuilt.  Bump ``QUANT_VERSION`` when ``quant.quantize_params`` changes what it produces.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specjax import quant
+from specjax.checkpoints import converted
+
+QUANT_VERSION = 1
+
+
+def entry_dir(digest: str, kind: str) -> Path:
+  return converted.root() / f"{digest[:32]}-{kind}-q{QUANT_VERSION}-v{converted.LAYOUT_VERSION}"
+
+
+def flatten(params) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+  """({dotted name: host array}, {name of each QWeight: its kind and group}) of a parameter pytree."""
+  arrays, qweights = {}, {}
+
+  def walk(prefix, node):
+    if isinstance(node, quant.QWeight):
+      qweights[prefix] = {"kind": node.kind, "group": node.group}
+      for field in ("data", "scale", "offset"):
+        if getattr(node, field) is not None:
+          arrays[f"{prefix}.{field}"] = np.asarray(getattr(node, field))
+    elif isinstance(node, dict):
+      for k, v in node.items():
+        walk(f"{prefix}.{k}" if prefix else k, v)
+    else:
+      arrays[prefix] = np.asarray(node)
+
+  walk("", params)
+  return arrays, qweights
+
+
+def unflatten(arrays: dict, qweights: dict) -> dict:
+  """The inverse of ``flatten``."""
+  params = converted.unflatten_params(arrays)
+  for name, info in qweights.items():
+    *parents, leaf = name.split(".")
+    node = params
+    for p in parents:
+      node = node[p]
+    fields = node[leaf]
+    node[leaf] = quant.QWeight(fields["data"], fields.get("scale"), info["kind"], info["group"],
+                               fields.get("offset"))
+  return params
+
+
+def save(entry: Path, params, cfg, tokenizer, source: dict) -> None:
+  """Write a quantized entry whole (temporary directory, then one rename), one tensor at a time."""
+  arrays, qweights = flatten(params)
+  order = sorted(arrays, key=lambda n: arrays[n].nbytes % 64 != 0)   # stable: aligned sizes first
+  entry.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+  try:
+    params_file = tmp / converted.PARAMS_FILE
+    converted.write_safetensors_streaming(
+        params_file, {n: arrays[n].shape for n in order}, {n: arrays[n].dtype for n in order},
+        ((n, 0, arrays[n].reshape(-1)) for n in order))
+    manifest = {"layout_version": converted.LAYOUT_VERSION, "quant_version": QUANT_VERSION, "source": source,
+                "params": {"file": converted.PARAMS_FILE, "size": params_file.stat().st_size,
+                           "crc32_block": converted.CRC_BLOCK, "crc32_blocks": converted.block_crcs(params_file)}}
+    (tmp / converted.MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
+                                                        "tokenizer": tokenizer.to_json(), "qweights": qweights}))
+    if (entry / converted.MODEL_FILE).is_file():   # another process finished it first: keep theirs
+      shutil.rmtree(tmp, ignore_errors=True)
+      return
+    shutil.rmtree(entry, ignore_errors=True)       # a partial entry without its manifest
+    os.replace(tmp, entry)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def load(entry: Path, check_crc: bool = True):
+  """(cfg, params with QWeight leaves as memory-mapped numpy views, tokenizer); CorruptEntry if anything is
+  off (``converted.load_entry``'s checks, and a manifest that is not this quantization's)."""
+  cfg, flat, tokenizer = converted.load_entry(entry, check_crc)
+  try:
+    meta = json.loads((entry / converted.MODEL_FILE).read_text())
+    qweights = meta["qweights"]
+  except (OSError, ValueError, KeyError):
+    raise converted.CorruptEntry(f"{converted.MODEL_FILE} does not list the quantized tensors") from None
+  if meta["manifest"].get("quant_version") != QUANT_VERSION:
+    raise converted.CorruptEntry(f"quantization version {meta['manifest'].get('quant_version')} != {QUANT_VERSION}")
+  arrays = {}
+
+  def walk(prefix, node):
+    if isinstance(node, dict):
+      for k, v in node.items():
+        walk(f"{prefix}.{k}" if prefix else k, v)
+    else:
+      arrays[prefix] = node
+
+  walk("", flat)
+  try:
+    return cfg, unflatten(arrays, qweights), tokenizer
+  except (KeyError, TypeError) as e:
+    raise converted.CorruptEntry(f"a quantized tensor is missing its fields ({e})") from None
+
+
+def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple]) -> tuple:
+  """(cfg, params quantized to ``kind``, tokenizer) for ``source``, through the cache: read the entry if it
+  is there and sound, else quantize ``load_fp32()``'s parameters, write the entry and map it (so the
+  quantized copy made in memory is freed).  With the cache off or unwritable, quantize in memory."""
+  if not converted.enabled():
+    cfg, params, tok = load_fp32()
+    return cfg, quant.quantize_params(params, kind), tok
+  entry = entry_dir(converted.source_digest(source), kind)
+  if entry.exists():
+    try:
+      return load(entry)
+    except converted.CorruptEntry as e:
+      converted._log(f"quantized-weight cache entry {entry} is unusable ({e}); quantizing {source.name} again")
+      shutil.rmtree(entry, ignore_errors=True)
+  cfg, params, tok = load_fp32()
+  converted._log(f"quantizing {source.name} to {kind} (first load at this type; the result is cached)")
+  qparams = quant.quantize_params(params, kind)
+  meta = {"path": str(Path(source).resolve()), "sha256": converted.source_digest(source), "weights": kind}
+  try:
+    save(entry, qparams, cfg, tok, meta)
+  except OSError as e:
+    converted._log(f"could not write the quantized-weight cache at {entry} ({e}); the next load quantizes "
+                   "again")
+    return cfg, qparams, tok
+  del qparams
+  return load(entry, check_crc=False)
