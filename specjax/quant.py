@@ -18,7 +18,8 @@ of 32), which asymmetric int4 represents exactly and symmetric cannot.  int4 pac
 into 16 bytes: byte j holds column j in its low nibble and column j + 16 in its high one (GGUF's Q4_1 layout,
 onto which Q4_0, Q4_1 and Q4_K blocks map exactly; taking such blocks over is not written yet: a converted
 model is requantized from its fp32 values, which is exact where a group uses its lowest and highest level, as
-the measurement above shows for SmolLM2).  Where a group does not divide a matrix's input size,
+the measurement above shows for SmolLM2; for the 1.5B's Q4_K tensors 78.8% of the groups, with perplexity
+unchanged: ``scripts/int4_takeover_check.py``).  Where a group does not divide a matrix's input size,
 groups of 32 are used, and where 32 does not either, the matrix stays bf16 (said once on stderr).
 
 Which tensors take the chosen kind (``quantize_params``): the layer matrices (w_qkv, wo, w_gate_up, w_down)
@@ -28,6 +29,7 @@ the logits directly, and an int8 head costs ~1.06 bytes per weight where the res
 and biases stay fp32 (a few KB).
 
 Stacked layer tensors keep their leading layer axis L on every field ([L, N, D] data, [L, N, D/G] scales).
+A GGUF model is quantized once per type and kept in the converted-weight cache (``checkpoints/quantized_cache.py``).
 The format itself (``QWeight``, quantizing and dequantizing a matrix) is ``specjax/kernels/qformat.py``: the
 kernels' data type, in the kernel layer; it is re-exported here.
 """
