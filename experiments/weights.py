@@ -2,8 +2,9 @@
 the read roofline it reaches with the bytes actually read), the verify cost for 1…32 rows, speculative
 speedups on the same prompts, and perplexity on a fixed text.
 
-The model is loaded once in fp32 and quantized to each type (``quant.quantize_params``), so every type
-decodes the same prompts in one run, interleaved prompt by prompt (``bench.time_methods``): the speed ratios
+The model is loaded at each type as ``--weights`` loads it (quantized from its fp32 weights by
+``quant.quantize_params``, once per type for a GGUF model, then mapped from the converted-weight cache), and
+every type decodes the same prompts in one run, interleaved prompt by prompt (``bench.time_methods``): the speed ratios
 are measured side by side, not across runs.  Greedy outputs of every speculative method are checked against
 the same type's plain decoding.
 """
@@ -32,11 +33,12 @@ TEXT = (
     "rather than memory sets the pace at a smaller batch.")
 
 
-def with_weights(m: api.Model, kind: str) -> api.Model:
-  """The model with its weights quantized to ``kind`` (from its fp32 parameters)."""
+def with_weights(m: api.Model, name: str, kind: str) -> api.Model:
+  """The model at weight type ``kind``, loaded as ``--weights kind`` loads it (a GGUF model's quantized
+  tensors come from the converted-weight cache after the first load)."""
   if kind == "fp32":
     return m
-  return dataclasses.replace(m, params=quant.quantize_params(m.params, kind), exec_params=None, _compiled={})
+  return api.load(name, dtype="float32", weights=kind)
 
 
 def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"), prompts: str = "specjax-prompts",
@@ -53,9 +55,9 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
   chosen = pick_prompts(prompts, categories, per_category, limit)
   base = api.load(model, dtype="float32", weights="fp32")
   dbase = api.load(draft, dtype="float32", weights="fp32") if draft else None
-  models = {k: with_weights(base, k) for k in kinds}
+  models = {k: with_weights(base, model, k) for k in kinds}
   pairs = [tuple(p) for p in pairs] if dbase is not None else []
-  drafts = ({k: with_weights(dbase, k) for k in dict.fromkeys([*kinds, *(d for _, d in pairs)])}
+  drafts = ({k: with_weights(dbase, draft, k) for k in dict.fromkeys([*kinds, *(d for _, d in pairs)])}
             if dbase is not None else {})
   spec = calibrate.load_or_calibrate(device, log=log)
   batches = bench.make_batches(base, chosen, 1, max_new_tokens, max_len)
