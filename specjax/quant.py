@@ -16,11 +16,12 @@ int8 per output row +1.6%, per group of 64 −0.4%; int4 symmetric per group of 
 without a searched clipping scale), asymmetric −0.5%: SmolLM2's GGUF is itself Q4_1 (4-bit asymmetric groups
 of 32), which asymmetric int4 represents exactly and symmetric cannot.  int4 packs each block of 32 columns
 into 16 bytes: byte j holds column j in its low nibble and column j + 16 in its high one (GGUF's Q4_1 layout,
-onto which Q4_0, Q4_1 and Q4_K blocks map exactly; taking such blocks over is not written yet: a converted
-model is requantized from its fp32 values, which is exact where a group uses its lowest and highest level, as
-the measurement above shows for SmolLM2; for the 1.5B's Q4_K tensors 78.8% of the groups, with perplexity
-unchanged: ``scripts/int4_takeover_check.py``).  Where a group does not divide a matrix's input size,
-groups of 32 are used, and where 32 does not either, the matrix stays bf16 (said once on stderr).
+onto which Q4_0, Q4_1 and Q4_K blocks map exactly: a GGUF model loaded at int4 takes those layer matrices
+over from their blocks, bit for bit the file's values (``checkpoints/gguf_blocks.py``); everything else is
+requantized from its fp32 values, which is exact only where a group uses its lowest and highest level: for
+the 1.5B's Q4_K tensors 78.8% of the groups, ``scripts/int4_takeover_check.py``).  Where a group does not
+divide a matrix's input size, groups of 32 are used, and where 32 does not either, the matrix stays bf16
+(said once on stderr).
 
 Which tensors take the chosen kind (``quantize_params``): the layer matrices (w_qkv, wo, w_gate_up, w_down)
 always; the embedding and the LM head too, except at int4, where they stay int8: the head is a large share

@@ -93,8 +93,9 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
 
 def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", permute: bool = True,
                quantized: tuple[str, ...] = (), rope_freqs: np.ndarray | None = None,
-               pre: str = "gpt2") -> Path:
-  """A GGUF file laid out as llama.cpp's converter writes it (q/k rows permuted for llama)."""
+               pre: str = "gpt2", quant_type: str = "Q8_0") -> Path:
+  """A GGUF file laid out as llama.cpp's converter writes it (q/k rows permuted for llama); the tensors
+  named in ``quantized`` stored as ``quant_type`` (any type ``gguf.quantize`` writes)."""
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(cfg.num_layers)
   w.add_context_length(cfg.max_position)
@@ -117,8 +118,8 @@ def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", perm
 
   def add(name, x):
     if name in quantized:
-      w.add_tensor(name, gguf.quantize(x, gguf.GGMLQuantizationType.Q8_0),
-                   raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+      qt = getattr(gguf.GGMLQuantizationType, quant_type)
+      w.add_tensor(name, gguf.quantize(np.ascontiguousarray(x, dtype=np.float32), qt), raw_dtype=qt)
     else:
       w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
 

@@ -10,7 +10,9 @@
       model.json           as an fp32 entry's (config, tokenizer, manifest with per-block CRC-32s), plus
                            "qweights": {NAME: {"kind", "group"}}
 
-The fp32 entry is only read to make a quantized one, so a machine that runs int4 alone keeps 1.5 GB mapped
+At int4 the layer matrices that the GGUF file stores in 4-bit blocks (Q4_0, Q4_1, Q4_K) are taken over
+from those blocks exactly (``gguf_blocks.py``) rather than requantized.  The fp32 entry is only read to make
+a quantized one, so a machine that runs int4 alone keeps 1.5 GB mapped
 for the 1.5B instead of 7.1 GB.  Writing, checking and rebuilding follow ``converted.py``: a temporary
 directory renamed into place whole, the manifest and CRC-32s checked on read, a bad entry reported in one
 line and rebuilt.  Bump ``QUANT_VERSION`` when ``quant.quantize_params`` changes what it produces.
@@ -27,9 +29,9 @@ from typing import Callable
 import numpy as np
 
 from specjax import quant
-from specjax.checkpoints import converted
+from specjax.checkpoints import converted, gguf_blocks
 
-QUANT_VERSION = 1
+QUANT_VERSION = 2    # 2: int4 layer matrices taken over from GGUF 4-bit blocks (gguf_blocks.py)
 
 
 def entry_dir(digest: str, kind: str) -> Path:
@@ -123,13 +125,29 @@ def load(entry: Path, check_crc: bool = True):
     raise converted.CorruptEntry(f"a quantized tensor is missing its fields ({e})") from None
 
 
-def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple]) -> tuple:
+def quantize_gguf(params, kind: str, open_source: Callable | None):
+  """``quant.quantize_params``, then at int4 the layer matrices stored as Q4_0/Q4_1/Q4_K in the GGUF source
+  (``open_source()``, a ``gguf_loader.GGUFSource``) taken over from their blocks exactly (``gguf_blocks``)."""
+  qparams = quant.quantize_params(params, kind)
+  if kind == "int4" and open_source is not None:
+    src = open_source()
+    qparams, taken, seen = gguf_blocks.take_over_int4(qparams, src)
+    if taken:
+      rest = "" if taken == seen else ", the rest requantized"
+      converted._log(f"int4: {taken} of {seen} layer tensors of {src.path.name} taken over from their 4-bit "
+                     f"blocks exactly{rest}")
+  return qparams
+
+
+def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple],
+                    open_source: Callable | None = None) -> tuple:
   """(cfg, params quantized to ``kind``, tokenizer) for ``source``, through the cache: read the entry if it
-  is there and sound, else quantize ``load_fp32()``'s parameters, write the entry and map it (so the
-  quantized copy made in memory is freed).  With the cache off or unwritable, quantize in memory."""
+  is there and sound, else quantize ``load_fp32()``'s parameters (``quantize_gguf``: at int4, GGUF 4-bit
+  blocks taken over), write the entry and map it (so the quantized copy made in memory is freed).  With the
+  cache off or unwritable, quantize in memory the same way."""
   if not converted.enabled():
     cfg, params, tok = load_fp32()
-    return cfg, quant.quantize_params(params, kind), tok
+    return cfg, quantize_gguf(params, kind, open_source), tok
   entry = entry_dir(converted.source_digest(source), kind)
   if entry.exists():
     try:
@@ -139,7 +157,7 @@ def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple]) -> 
       shutil.rmtree(entry, ignore_errors=True)
   cfg, params, tok = load_fp32()
   converted._log(f"quantizing {source.name} to {kind} (first load at this type; the result is cached)")
-  qparams = quant.quantize_params(params, kind)
+  qparams = quantize_gguf(params, kind, open_source)
   meta = {"path": str(Path(source).resolve()), "sha256": converted.source_digest(source), "weights": kind}
   try:
     save(entry, qparams, cfg, tok, meta)

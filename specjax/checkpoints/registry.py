@@ -234,7 +234,8 @@ def load_model(name_or_path: str | os.PathLike, dtype=jnp.float32, quantize_to: 
     if quantize_to is None:
       cfg, params, tokenizer = fp32()
     else:
-      cfg, params, tokenizer = quantized_cache.cached_quantize(path, quantize_to, fp32)
+      cfg, params, tokenizer = quantized_cache.cached_quantize(path, quantize_to, fp32,
+                                                               open_source=lambda: open_gguf(path))
     params = to_device(params)
   else:  # unreachable through resolve
     raise CheckpointError(f"{path}: unknown checkpoint format")
