@@ -101,4 +101,5 @@ def test_with_the_cache_off_the_weights_are_quantized_in_memory(tmp_path, gguf_f
   monkeypatch.setenv("SPECJAX_WEIGHT_CACHE", "0")
   m = load_model(gguf_file, quantize_to="int4")
   assert quant.weights_kind(m.params) == "int4"
-  assert not (tmp_path / "cache" / "converted").exists() or not list((tmp_path / "cache" / "converted").glob("*-int4-*"))
+  converted_dir = tmp_path / "cache" / "converted"
+  assert not converted_dir.exists() or not list(converted_dir.glob("*-int4-*"))

@@ -40,27 +40,21 @@ def entry_dir(digest: str, kind: str) -> Path:
 
 def flatten(params) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
   """({dotted name: host array}, {name of each QWeight: its kind and group}) of a parameter pytree."""
-  arrays, qweights = {}, {}
+  qweights = {}
 
-  def walk(prefix, node):
+  def expand(prefix, node):   # a QWeight becomes a dict of its fields
     if isinstance(node, quant.QWeight):
       qweights[prefix] = {"kind": node.kind, "group": node.group}
-      for field in ("data", "scale", "offset"):
-        if getattr(node, field) is not None:
-          arrays[f"{prefix}.{field}"] = np.asarray(getattr(node, field))
-    elif isinstance(node, dict):
-      for k, v in node.items():
-        walk(f"{prefix}.{k}" if prefix else k, v)
-    else:
-      arrays[prefix] = np.asarray(node)
+      return {f: getattr(node, f) for f in ("data", "scale", "offset") if getattr(node, f) is not None}
+    if isinstance(node, dict):
+      return {k: expand(f"{prefix}.{k}" if prefix else k, v) for k, v in node.items()}
+    return node
 
-  walk("", params)
-  return arrays, qweights
+  return converted.flatten_params(expand("", params)), qweights
 
 
-def unflatten(arrays: dict, qweights: dict) -> dict:
-  """The inverse of ``flatten``."""
-  params = converted.unflatten_params(arrays)
+def with_qweights(params: dict, qweights: dict) -> dict:
+  """The inverse of ``flatten``'s expansion: each listed node (a dict of fields) back into a QWeight."""
   for name, info in qweights.items():
     *parents, leaf = name.split(".")
     node = params
@@ -109,18 +103,8 @@ def load(entry: Path, check_crc: bool = True):
     raise converted.CorruptEntry(f"{converted.MODEL_FILE} does not list the quantized tensors") from None
   if meta["manifest"].get("quant_version") != QUANT_VERSION:
     raise converted.CorruptEntry(f"quantization version {meta['manifest'].get('quant_version')} != {QUANT_VERSION}")
-  arrays = {}
-
-  def walk(prefix, node):
-    if isinstance(node, dict):
-      for k, v in node.items():
-        walk(f"{prefix}.{k}" if prefix else k, v)
-    else:
-      arrays[prefix] = node
-
-  walk("", flat)
   try:
-    return cfg, unflatten(arrays, qweights), tokenizer
+    return cfg, with_qweights(flat, qweights), tokenizer
   except (KeyError, TypeError) as e:
     raise converted.CorruptEntry(f"a quantized tensor is missing its fields ({e})") from None
 
