@@ -86,7 +86,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
              ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
              acceptance=None, memory_budget: float | None = None,
-             mesh=None) -> tuple[list[Generation], dict]:
+             mesh=None, index_tokens: int | None = None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
   ``mesh`` ('DATAxMODEL' or a jax Mesh): run sharded over that many devices (``sharding``; batches over
@@ -97,6 +97,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   a small model with the same tokenizer); ``k`` tokens are drafted per step, in a chain, unless ``tree``
   (a spec such as ``branch:4,2``, ``sequoia:16`` or ``dynamic:16``; see ``tree_shapes``) gives the token tree
   of N draft nodes (``k`` is then ignored).  ``acceptance`` (a file or a list) feeds ``sequoia`` trees.
+  ``index_tokens``: the suffix drafter's index size in token slots (default 65,536; the oldest evicted).
   Returns the generations and stats: new tokens; seconds spent loading the model (``load_s``), compiling or
   reading executables from the compilation cache (``compile_s``), in prefill (``prefill_s``, which also
   samples each sequence's first token) and in the decode loops (``decode_s``); tokens/s over prefill and
@@ -118,7 +119,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   if not prompts:
     raise SpecjaxError("no prompts given")
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
-                  draft_layers=draft_layers, sampling=sp)
+                  draft_layers=draft_layers, sampling=sp, index_tokens=index_tokens)
   if ds.kind.draft_model and draft is None:
     draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:
@@ -181,7 +182,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
 def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str = "ngram", ranks: int = 8,
                       depths: int = 1, max_new_tokens: int = 64, max_len: int = DEFAULT_MAX_LEN,
                       batch_size: int = 1, ngram: int = 3, draft_layers=None, draft: Model | None = None,
-                      ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, progress: bool = False) -> dict:
+                      ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, progress: bool = False,
+                      index_tokens: int | None = None) -> dict:
   """The per-rank acceptance vector of a target/drafter pair, measured by greedy speculative decoding with
   ``acceptance_tree(ranks, depths)``: ``acc[r]`` is the fraction of live iterations in which the target's
   token was the drafter's r-th choice.  With ``depths`` > 1 the result also has ``acceptance_table``: row d
@@ -199,7 +201,7 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
   spec_ = tree_shapes.TreeSpec("paths", path=f"<{label}>", tree=tree)
   _, stats = generate(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, batch_size=batch_size,
                       drafter=drafter, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                      ngram_caps=ngram_caps, tree=spec_, progress=progress)
+                      ngram_caps=ngram_caps, tree=spec_, progress=progress, index_tokens=index_tokens)
   counts_N1 = np.asarray(stats["node_accepted"], dtype=np.float64)
   live = counts_N1[0]
   if live == 0:

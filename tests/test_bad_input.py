@@ -92,6 +92,8 @@ def test_walk_every_command_with_out_of_range_numbers(no_loading):
     (("generate", "--prompt", "hi", "--mesh", "2y3"), ("2y3",)),
     (("generate", "--prompt", "hi", "--drafter", "model", "--draft", "/no/such/draft"), ("/no/such/draft",)),
     (("generate", "--prompt", "hi", "--drafter", "ngram", "--draft", "x"), ("--draft",)),
+    (("generate", "--prompt", "hi", "--drafter", "ngram", "--index-tokens", "64"), ("--index-tokens", "suffix")),
+    (("serve", "--drafter", "ngram", "--index-tokens", "64"), ("--index-tokens", "suffix")),
     (("loadgen", "--url", "localhost:8000"), ("--url",)),
     (("bench", "--nope"), ("--nope",)),
     (("no-such-command",), ("no-such-command",)),

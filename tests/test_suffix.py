@@ -215,3 +215,25 @@ def test_the_server_index_stays_within_its_size_over_a_long_trace(tiny):  # noqa
   corpus = np.asarray(b.draft_params["corpus_C"]).tolist()
   last = list(reqs[-1].prompt_ids) + reqs[-1].tokens
   assert corpus[-len(last):] == last
+
+
+def test_index_tokens_sizes_the_index_in_generate_bench_and_the_server(tiny):  # noqa: F811
+  """``index_tokens`` (``--index-tokens``) reaches the suffix index wherever one is built, and is refused for a
+  drafter that keeps none."""
+  from specjax import api, bench
+  from specjax.errors import SpecjaxError
+  from specjax.runtime.builder import DecodeSpec, build
+  from specjax.serving import factory
+  d = build(tiny, DecodeSpec(drafter="suffix", k=4, index_tokens=96), eos_ids=(), max_len=128)
+  assert d.draft_params["corpus_C"].shape == (96,)
+  meth = bench.speculative_method(tiny, (), 128, drafter="suffix", k=4, index_tokens=80)
+  assert meth.draft_params["corpus_C"].shape == (80,)
+  b = factory.make_batcher(tiny, drafter="suffix", policy="fixed", k=4, slots=2, max_len=128, index_tokens=112)
+  assert b.index_stats()["capacity"] == 112
+  gens, _ = api.generate(tiny, ["hello world hello world 3"] * 2, max_new_tokens=8, drafter="suffix", k=4,
+                         index_tokens=48)
+  assert len(gens) == 2
+  with pytest.raises(SpecjaxError, match="--index-tokens sizes the index of --drafter suffix"):
+    build(tiny, DecodeSpec(drafter="ngram", k=4, index_tokens=64), eos_ids=(), max_len=128)
+  with pytest.raises(SpecjaxError, match=">= 1 token slot"):
+    build(tiny, DecodeSpec(drafter="suffix", k=4, index_tokens=0), eos_ids=(), max_len=128)

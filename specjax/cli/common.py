@@ -102,6 +102,9 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
                       "matches draft --k); 'none' drafts --k after any match (default 1,3)")
   p.add_argument("--draft-layers", default=None,
                  help="--drafter layerskip: a count L (the first L layers) or indices like 0,1,2,5")
+  p.add_argument("--index-tokens", type=flags.COUNT, default=None,
+                 help="--drafter suffix: the index of earlier requests' tokens, in token slots (4 bytes each on "
+                      "the device; the oldest evicted past it; default 65536)")
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
@@ -142,6 +145,7 @@ def serving_engine(args, m, max_len: int, **kwargs):
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=parse_buckets(args.buckets),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
                               draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
+                              **index_kwargs(args),
                               **({"ngram": args.ngram, "ngram_caps": parse_ngram_caps(args.ngram_caps)}
                                  if drafters().get(args.drafter).ngram_caps else {}))
 
@@ -199,7 +203,14 @@ def parse_ngram_caps(text: str) -> tuple[int, ...]:
 
 def drafter_kwargs(args) -> dict:
   return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers,
-          "ngram_caps": parse_ngram_caps(args.ngram_caps), "tree": args.tree, "acceptance": args.acceptance}
+          "ngram_caps": parse_ngram_caps(args.ngram_caps), "tree": args.tree, "acceptance": args.acceptance,
+          **index_kwargs(args)}
+
+
+def index_kwargs(args) -> dict:
+  """``index_tokens`` when ``--index-tokens`` was given (only learning drafters take it)."""
+  n = getattr(args, "index_tokens", None)
+  return {} if n is None else {"index_tokens": n}
 
 
 def check_drafter(args) -> None:
@@ -208,6 +219,8 @@ def check_drafter(args) -> None:
   from specjax.errors import SpecjaxError
   kind = drafters().get(args.drafter)       # an unknown name: one line listing the names
   parse_ngram_caps(args.ngram_caps)
+  from specjax.runtime.builder import check_index_tokens
+  check_index_tokens(kind, getattr(args, "index_tokens", None))
   if getattr(args, "buckets", None) is not None:
     parse_buckets(args.buckets)
   draft = getattr(args, "draft", None)

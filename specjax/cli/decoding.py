@@ -180,7 +180,8 @@ def cmd_acceptance_vector(args) -> int:
   res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks, depths=args.depths,
                               max_new_tokens=args.max_new_tokens, max_len=common.default_max_len(args),
                               batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,
-                              draft=common.load_draft(args), ngram_caps=common.parse_ngram_caps(args.ngram_caps), progress=True)
+                              draft=common.load_draft(args), ngram_caps=common.parse_ngram_caps(args.ngram_caps), progress=True,
+                              **common.index_kwargs(args))
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(res, f, indent=2, default=common.json_default)

@@ -48,8 +48,10 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
 
 def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
                   draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
-                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None):
+                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None,
+                  index_tokens: int | None = None):
   """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
+  ``index_tokens``: a learning drafter's index size in token slots (``--drafter suffix``; default 65,536).
 
   ``draft``: the draft model (``model``) or a trained drafter's directory (``eagle``).  ``depth``: the
   deepest tree node drafted (default k, a chain).
@@ -58,6 +60,7 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
   ``None`` or ``()`` drafts k after any match."""
   buckets = buffers.kv_buckets(max_len)
   kind = drafter_registry.get(drafter)
+  check_index_tokens(kind, index_tokens)
   if not kind.speculates:
     return drafter_registry.build(kind, m.cfg, m.exec_params, k=0, depth=None, buckets=buckets) + (0,)
   if k < 1:
@@ -84,8 +87,20 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
     # The draft runs inside the target's program: with its backends (its mesh, where the target is sharded).
     inputs.update(draft_cfg=draft.cfg.replace(backends=m.cfg.backends), draft_params=draft.exec_params)
   d_obj, d_params = drafter_registry.build(kind, m.cfg, m.exec_params, k=k, depth=depth, buckets=buckets,
-                                           ngram=ngram, ngram_caps=caps, **inputs)
+                                           ngram=ngram, ngram_caps=caps, index_tokens=index_tokens, **inputs)
   return d_obj, d_params, k
+
+
+def check_index_tokens(kind: drafter_registry.Kind, index_tokens: int | None) -> None:
+  """``--index-tokens`` sizes a learning drafter's index: refused with any other drafter, or below 1."""
+  if index_tokens is None:
+    return
+  if not kind.learns:
+    learning = ", ".join(n for n, k in drafter_registry.KINDS.items() if k.learns)
+    raise SpecjaxError(f"--index-tokens sizes the index of --drafter {learning}; drafter '{kind.name}' keeps "
+                       "none: drop it")
+  if index_tokens < 1:
+    raise SpecjaxError(f"--index-tokens must be >= 1 token slot, got {index_tokens}")
 
 
 def default_draft_model(m: Model) -> Model:
@@ -129,6 +144,7 @@ class DecodeSpec:
   ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS
   draft_layers: Any = None                     # layer-skip: a count or layer indices
   sampling: sampling.SamplingParams = sampling.SamplingParams()
+  index_tokens: int | None = None              # suffix: the index's token slots (None: the drafter's default)
 
   @property
   def kind(self) -> drafter_registry.Kind:
@@ -188,7 +204,8 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
     max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, max(nodes, 0))
   d_obj, d_params, k_max = build_drafter(
       m, ds.drafter, k=choice.num_nodes if choice else ds.k, ngram=ds.ngram, draft_layers=ds.draft_layers,
-      draft=draft, depth=choice.shape.max_depth if choice else None, max_len=max_len, ngram_caps=ds.ngram_caps)
+      draft=draft, depth=choice.shape.max_depth if choice else None, max_len=max_len, ngram_caps=ds.ngram_caps,
+      index_tokens=ds.index_tokens)
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)
   if batch_size is not None:

@@ -99,11 +99,13 @@ def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | N
 
 def build(kind: Kind, target_cfg: ModelConfig, target_params, *, k: int, depth: int | None, buckets,
           ngram: int = 3, ngram_caps: Sequence[int] = (), layers: Sequence[int] | None = None,
-          draft_cfg: ModelConfig | None = None, draft_params=None, head: Any = None):
+          draft_cfg: ModelConfig | None = None, draft_params=None, head: Any = None,
+          index_tokens: int | None = None):
   """(drafter, draft_params) for a kind whose inputs the caller resolved: the draft model's config and params
-  (``draft_model``), the target's layer subset (``layers``), a loaded head (``(EagleConfig, params)``)."""
+  (``draft_model``), the target's layer subset (``layers``), a loaded head (``(EagleConfig, params)``), a
+  learning drafter's index size in token slots (``index_tokens``, default its own)."""
   inputs = _Inputs(target_cfg, target_params, k, depth, buckets, ngram, tuple(ngram_caps), layers, draft_cfg,
-                   draft_params, head)
+                   draft_params, head, index_tokens)
   return _BUILDERS[kind.name](inputs)
 
 
@@ -119,6 +121,7 @@ class _Inputs(NamedTuple):
   draft_cfg: ModelConfig | None
   draft_params: Any
   head: Any
+  index_tokens: int | None
 
 
 def _layerskip(x: _Inputs):
@@ -143,6 +146,6 @@ _BUILDERS = {
     "hybrid": lambda x: (hybrid.hybrid_drafter(x.draft_cfg, x.k, min_match=x.ngram, buckets=x.buckets),
                          x.draft_params),
     "eagle": _eagle,
-    "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index()),
+    "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index(x.index_tokens or suffix.DEFAULT_CORPUS_TOKENS)),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
