@@ -244,18 +244,24 @@ def write_safetensors_streaming(path: Path, shapes: dict[str, tuple[int, ...]], 
 
 def save_entry_streaming(entry: Path, src, dtype, source: dict) -> None:
   """Write an entry whole, straight from an opened checkpoint (``gguf_loader.GGUFSource``), tensor by tensor
-  (``write_safetensors_streaming``: peak memory is one tensor block, not the model): params.safetensors into a
-  temporary directory, the manifest after it, then one rename (a whole entry that another process wrote
-  meanwhile is kept)."""
+  (``write_safetensors_streaming``: peak memory is one tensor block, not the model)."""
+  save_entry(entry, src.leaf_shapes(), dtype, src.pieces(dtype), src.cfg, src.tokenizer, source)
+
+
+def save_entry(entry: Path, shapes: dict, dtype, pieces, cfg, tokenizer, source: dict,
+               manifest_extra: dict | None = None, meta_extra: dict | None = None) -> None:
+  """Write an entry whole: ``pieces`` (see ``write_safetensors_streaming``; ``dtype`` one or per tensor) into
+  params.safetensors in a temporary directory, the manifest (with ``manifest_extra``) and model.json (with
+  ``meta_extra``) after it, then one rename (a whole entry that another process wrote meanwhile is kept)."""
   entry.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
   try:
-    write_safetensors_streaming(tmp / PARAMS_FILE, src.leaf_shapes(), dtype, src.pieces(dtype))
-    manifest = {"layout_version": LAYOUT_VERSION, "source": source,
+    write_safetensors_streaming(tmp / PARAMS_FILE, shapes, dtype, pieces)
+    manifest = {"layout_version": LAYOUT_VERSION, **(manifest_extra or {}), "source": source,
                 "params": {"file": PARAMS_FILE, "size": (tmp / PARAMS_FILE).stat().st_size,
                            "crc32_block": CRC_BLOCK, "crc32_blocks": block_crcs(tmp / PARAMS_FILE)}}
-    (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": src.cfg.to_dict(),
-                                              "tokenizer": src.tokenizer.to_json()}))
+    (tmp / MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
+                                              "tokenizer": tokenizer.to_json(), **(meta_extra or {})}))
     if (entry / MODEL_FILE).is_file():
       # Another process converting the same model finished first and may be reading its entry now (two
       # processes of one multi-process run start together): keep theirs, never delete it under them.  A
@@ -293,8 +299,7 @@ def _read_safetensors_mmap(path: Path) -> dict[str, np.ndarray]:
     except ValueError as e:
       raise CorruptEntry(f"{path.name}: unreadable header ({e})") from None
   mm = np.memmap(path, dtype=np.uint8, mode="r")
-  dtypes = {"F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16, "I32": np.int32, "I8": np.int8,
-            "U8": np.uint8}
+  dtypes = {code: jax.numpy.bfloat16 if name == "bfloat16" else np.dtype(name) for name, code in _ST_DTYPES.items()}
   out = {}
   for name, info in header.items():
     if name == "__metadata__":

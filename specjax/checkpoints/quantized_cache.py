@@ -12,17 +12,14 @@
 
 At int4 the layer matrices that the GGUF file stores in 4-bit blocks (Q4_0, Q4_1, Q4_K) are taken over
 from those blocks exactly (``gguf_blocks.py``) rather than requantized.  The fp32 entry is only read to make
-a quantized one, so a machine that runs int4 alone keeps 1.5 GB mapped
-for the 1.5B instead of 7.1 GB.  Writing, checking and rebuilding follow ``converted.py``: a temporary
+a quantized one, so a machine that runs int4 alone keeps 1.5 GB mapped for the 1.5B instead of 7.1 GB.  Writing, checking and rebuilding follow ``converted.py``: a temporary
 directory renamed into place whole, the manifest and CRC-32s checked on read, a bad entry reported in one
 line and rebuilt.  Bump ``QUANT_VERSION`` when ``quant.quantize_params`` changes what it produces.
 """
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -67,29 +64,13 @@ def with_qweights(params: dict, qweights: dict) -> dict:
 
 
 def save(entry: Path, params, cfg, tokenizer, source: dict) -> None:
-  """Write a quantized entry whole (temporary directory, then one rename), one tensor at a time."""
+  """Write a quantized entry whole (``converted.save_entry``: temporary directory, then one rename), one
+  tensor at a time."""
   arrays, qweights = flatten(params)
   order = sorted(arrays, key=lambda n: arrays[n].nbytes % 64 != 0)   # stable: aligned sizes first
-  entry.parent.mkdir(parents=True, exist_ok=True)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-  try:
-    params_file = tmp / converted.PARAMS_FILE
-    converted.write_safetensors_streaming(
-        params_file, {n: arrays[n].shape for n in order}, {n: arrays[n].dtype for n in order},
-        ((n, 0, arrays[n].reshape(-1)) for n in order))
-    manifest = {"layout_version": converted.LAYOUT_VERSION, "quant_version": QUANT_VERSION, "source": source,
-                "params": {"file": converted.PARAMS_FILE, "size": params_file.stat().st_size,
-                           "crc32_block": converted.CRC_BLOCK, "crc32_blocks": converted.block_crcs(params_file)}}
-    (tmp / converted.MODEL_FILE).write_text(json.dumps({"manifest": manifest, "config": cfg.to_dict(),
-                                                        "tokenizer": tokenizer.to_json(), "qweights": qweights}))
-    if (entry / converted.MODEL_FILE).is_file():   # another process finished it first: keep theirs
-      shutil.rmtree(tmp, ignore_errors=True)
-      return
-    shutil.rmtree(entry, ignore_errors=True)       # a partial entry without its manifest
-    os.replace(tmp, entry)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  converted.save_entry(entry, {n: arrays[n].shape for n in order}, {n: arrays[n].dtype for n in order},
+                       ((n, 0, arrays[n].reshape(-1)) for n in order), cfg, tokenizer, source,
+                       manifest_extra={"quant_version": QUANT_VERSION}, meta_extra={"qweights": qweights})
 
 
 def load(entry: Path, check_crc: bool = True):
@@ -132,7 +113,8 @@ def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple],
   if not converted.enabled():
     cfg, params, tok = load_fp32()
     return cfg, quantize_gguf(params, kind, open_source), tok
-  entry = entry_dir(converted.source_digest(source), kind)
+  digest = converted.source_digest(source)
+  entry = entry_dir(digest, kind)
   if entry.exists():
     try:
       return load(entry)
@@ -142,7 +124,7 @@ def cached_quantize(source: Path, kind: str, load_fp32: Callable[[], tuple],
   cfg, params, tok = load_fp32()
   converted._log(f"quantizing {source.name} to {kind} (first load at this type; the result is cached)")
   qparams = quantize_gguf(params, kind, open_source)
-  meta = {"path": str(Path(source).resolve()), "sha256": converted.source_digest(source), "weights": kind}
+  meta = {"path": str(Path(source).resolve()), "sha256": digest, "weights": kind}
   try:
     save(entry, qparams, cfg, tok, meta)
   except OSError as e:

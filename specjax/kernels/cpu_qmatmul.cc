@@ -512,21 +512,20 @@ ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<f
     const int64_t width = ChunkWidth(kind, lanes), stride = ChunkStride(kind, lanes);
     t.Dc = D / width * width;
     const int64_t chunks = t.Dc / width;
+    // AVX-512 int8: ByteOnTop512's bytes come as q * 2^24, so x carries the 2^-24 (exact: a power of two)
+    const float x_scale = kind == kInt8 && lanes == 16 ? 0x1p-24f : 1.0f;
     xp.resize(std::max<int64_t>(1, t.M * chunks * stride));
     for (int64_t m = 0; m < t.M; ++m) {
       const float* xr = t.x + t.row[m] * D;
       for (int64_t c = 0; c < chunks; ++c) {
         float* out = xp.data() + (m * chunks + c) * stride;
-        for (int64_t p = 0; p < width; ++p) out[p] = xr[c * width + ChunkColumn(kind, lanes, p)];
+        for (int64_t p = 0; p < width; ++p) out[p] = xr[c * width + ChunkColumn(kind, lanes, p)] * x_scale;
         for (int64_t i = 0; kind == kInt4 && i < lanes; ++i) {   // each lane's sum of x (its 8 nibbles' columns)
           float sum = 0.f;
           for (int64_t k = 0; k < 8; ++k) sum += out[k * lanes + i];
           out[width + i] = sum;
         }
       }
-    }
-    if (kind == kInt8 && lanes == 16) {   // ByteOnTop512's bytes come as q * 2^24
-      for (float& f : xp) f *= 0x1p-24f;
     }
     t.xp = xp.data();
     t.lanes = lanes;
