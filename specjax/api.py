@@ -55,6 +55,10 @@ class Generation:
   iteration_starts: list[int] = dataclasses.field(default_factory=list)   # see below
   """Positions (in prompt + reply) of the tokens that rooted a decoding iteration: the contexts in which the
   drafter's first draft was judged (its measured first-position acceptance averages over these)."""
+  recorded: dict | None = None
+  """With ``generate(record=...)``: the target's ``features`` [T, F] (float16), ``topk_ids`` [T, K] and
+  ``topk_logp`` [T, K] at the T = prompt + reply positions (row t: the token at t; its top-k: the next
+  token's distribution).  The last position's row is zeros (no step computed it)."""
 
 
 def encode_prompts(m: Model, prompts: Sequence[str | Prompt], chat: bool = True) -> list[list[int]]:
@@ -86,7 +90,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
              ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
              acceptance=None, memory_budget: float | None = None,
-             mesh=None, index_tokens: int | None = None) -> tuple[list[Generation], dict]:
+             mesh=None, index_tokens: int | None = None,
+             record: "spec.Record | None" = None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
   ``mesh`` ('DATAxMODEL' or a jax Mesh): run sharded over that many devices (``sharding``; batches over
@@ -98,6 +103,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   (a spec such as ``branch:4,2``, ``sequoia:16`` or ``dynamic:16``; see ``tree_shapes``) gives the token tree
   of N draft nodes (``k`` is then ignored).  ``acceptance`` (a file or a list) feeds ``sequoia`` trees.
   ``index_tokens``: the suffix drafter's index size in token slots (default 65,536; the oldest evicted).
+  ``record`` (``speculative.Record``): also return what the target computed at every position — the
+  features a drafter is trained on and the top-k it distils — in ``Generation.recorded``.
   Returns the generations and stats: new tokens; seconds spent loading the model (``load_s``), compiling or
   reading executables from the compilation cache (``compile_s``), in prefill (``prefill_s``, which also
   samples each sequence's first token) and in the decode loops (``decode_s``); tokens/s over prefill and
@@ -131,6 +138,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   d = build(m, ds, eos_ids=eos_ids, max_len=max_len, prompt_lens=[len(e) for e in encoded],
             max_new_tokens=max_new_tokens, batch_size=batch_size, draft=draft, memory_budget=memory_budget)
   engine, draft_params, k_max, max_len = d.engine, d.draft_params, d.k_max, d.max_len
+  if record is not None:
+    engine = engine._replace(record=record)
   key = jax.random.PRNGKey(seed)
   outputs: list[Generation] = []
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
@@ -158,6 +167,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     stats["decode_s"] += time.perf_counter() - t1
     totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
     num_new = distributed.to_host(res.num_new_B)
+    rec = None if res.record is None else jax.tree_util.tree_map(distributed.to_host, res.record)
     if ds.kind.learns:    # a learning drafter (suffix) indexes this batch for the batches after it
       draft_params = drafter_registry.absorb(engine.drafter, draft_params,
                                              [list(toks) + seq[i, len(toks):len(toks) + num_new[i]].tolist()
@@ -169,7 +179,11 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
           question_id=p.question_id if isinstance(p, Prompt) else start + i,
           prompt=p.text if isinstance(p, Prompt) else p,
           text=m.tokenizer.decode(ids), token_ids=ids, prompt_tokens=len(toks),
-          iteration_starts=np.flatnonzero(starts[i, :len(toks) + len(ids)]).tolist()))
+          iteration_starts=np.flatnonzero(starts[i, :len(toks) + len(ids)]).tolist(),
+          recorded=None if rec is None else {
+              "features": rec.feats_BxSxF[i, :len(toks) + len(ids)],
+              "topk_ids": rec.topk_ids_BxSxK[i, :len(toks) + len(ids)],
+              "topk_logp": rec.topk_lp_BxSxK[i, :len(toks) + len(ids)]}))
       stats["new_tokens"] += len(ids)
     if progress:
       print(f"[generate] {min(start + batch_size, len(encoded))}/{len(encoded)} prompts", file=sys.stderr)

@@ -86,8 +86,14 @@ TINY: dict[str, list[str]] = {
                       "train_eagle.num_prompts = 6", "train_eagle.max_new_tokens = 6", "train_eagle.steps = 2",
                       "train_eagle.batch_size = 2", "train_eagle.seq_len = 32", "train_eagle.warmup_steps = 1",
                       "train_eagle.checkpoint_every = 2", "train_eagle.eval_positions = 2"],
+    "eagle_qwen_coder": ["train_eagle.model = '{model}'", "train_eagle.data_dir = '{data}'",
+                         "train_eagle.num_prompts = 2", "train_eagle.chat_prompts = 1", "train_eagle.code_prompts = 3",
+                         "train_eagle.self_prompts = 0", "train_eagle.reduced_vocab = 64",
+                         "train_eagle.max_new_tokens = 6", "train_eagle.steps = 2", "train_eagle.batch_size = 2",
+                         "train_eagle.seq_len = 64", "train_eagle.warmup_steps = 1", "train_eagle.gen_batch_size = 2",
+                         "train_eagle.checkpoint_every = 2", "train_eagle.eval_positions = 2"],
 }
-TRAINING = ("distill_losses", "draft_smollm2", "eagle_smollm2")
+TRAINING = ("distill_losses", "draft_smollm2", "eagle_smollm2", "eagle_qwen_coder")
 MESHED = ("multi_device",)          # runs in its own process with two host devices
 
 

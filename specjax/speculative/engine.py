@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import decode, sampling, sampling_rows
+from specjax import decode, model as model_lib, sampling, sampling_rows
 from specjax.kv_cache import KVCache, compact
 from specjax.speculative import tree as tree_lib
 from specjax.speculative import tree_shapes
@@ -66,6 +66,41 @@ class SpecState:
   stats: SpecStats
   starts_BxS: jax.Array        # bool: positions whose token was the root of an iteration (a draft followed it)
   rows: Any = None             # sampling_rows.RowState in per-row mode (``Engine.per_row``), else None
+  record: Any = None           # Recorded with ``Engine.record``, else None
+
+
+class Record(NamedTuple):
+  """What the loop records at every position it commits (``Engine.record``): the target's residual stream
+  after ``taps`` (layer outputs, concatenated: F = D × len(taps)) and its ``top_k`` most likely next tokens
+  with their log-probabilities.  The verify forwards compute both already, so a drafter's training data
+  (``training/data.py``) costs no second target pass."""
+  taps: tuple[int, ...]
+  top_k: int = 8
+  final: bool = True           # also the final hidden state (after the final norm; D more columns, last)
+
+  def forward_taps(self, num_layers: int) -> tuple[int, ...]:
+    return tuple(self.taps) + ((num_layers - 1,) if self.final else ())
+
+  def width(self, d_model: int) -> int:   # F
+    return d_model * (len(self.taps) + int(self.final))
+
+
+def _recorded(engine: Engine, params, features_BxTxF) -> jax.Array:
+  """The forward's tapped outputs as recorded (float16): the last tap normalised into the final hidden state
+  when ``record.final``."""
+  if engine.record.final:
+    D = engine.cfg.d_model
+    last = model_lib.rms_norm(features_BxTxF[..., -D:].astype(jnp.float32), params["final_norm"],
+                              engine.cfg.norm_eps)
+    features_BxTxF = jnp.concatenate([features_BxTxF[..., :-D].astype(jnp.float32), last], axis=-1)
+  return features_BxTxF.astype(jnp.float16)
+
+
+@struct.dataclass
+class Recorded:
+  feats_BxSxF: jax.Array       # float16: the tapped layers' outputs of the token at each position
+  topk_ids_BxSxK: jax.Array    # int32: the target's top-k next tokens after each position
+  topk_lp_BxSxK: jax.Array     # float16: their log-probabilities
 
 
 class Engine(NamedTuple):
@@ -82,6 +117,7 @@ class Engine(NamedTuple):
                                      # k_max): engines of several k then share one SpecState (a scheduler)
   per_row: bool = False              # sampling settings and PRNG keys per sequence, read from the state
                                      # (``SpecState.rows``; the server's requests); ``sp`` is then unused
+  record: Record | None = None       # record the target's features and top-k at every committed position
 
   @property
   def rule(self):
@@ -121,7 +157,15 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   S = cache.max_len
   taps = _feature_layers(engine.drafter)
   pre = decode.prefill(target_params, engine.cfg, cache, prompt_BxP, prompt_lens_B, engine.buckets,
-                       feature_layers=taps)
+                       feature_layers=_forward_taps(engine))
+  record = None
+  if engine.record is not None:   # the prompt's features, and the top-k after its last token
+    F, K = pre.features.shape[-1], engine.record.top_k
+    record = Recorded(feats_BxSxF=jnp.zeros((B, S, F), jnp.float16).at[:, :P].set(
+                          _recorded(engine, target_params, pre.features)),
+                      topk_ids_BxSxK=jnp.zeros((B, S, K), jnp.int32),
+                      topk_lp_BxSxK=jnp.zeros((B, S, K), jnp.float16))
+    record = _record_topk(record, pre.last_logits_BxV[:, None], (prompt_lens_B - 1)[:, None])
   if taps is None:
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
   else:   # a feature drafter reads the target's features of the prompt
@@ -154,13 +198,34 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
                     node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
-                   key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool), rows=rows)
+                   key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool), rows=rows, record=record)
 
 
 def _feature_layers(drafter):
   """What a feature drafter (EAGLE) reads from the target's forwards (see ``model.forward``); None for the
   others."""
   return getattr(drafter, "feature_layers", None)
+
+
+def _forward_taps(engine: Engine):
+  """The ``feature_layers`` of the engine's target forwards: the drafter's, or what ``record`` asks for."""
+  taps = _feature_layers(engine.drafter)
+  if engine.record is None:
+    return taps
+  if taps is not None:
+    raise ValueError("recording features while a feature drafter drafts is not supported: record with "
+                     "plain decoding or a drafter that reads no features (ngram, model)")
+  return engine.record.forward_taps(engine.cfg.num_layers)
+
+
+def _record_topk(record: Recorded, logits_BxJxV, pos_BxJ) -> Recorded:
+  """The top-k next tokens of the distributions ``logits_BxJxV`` at positions ``pos_BxJ`` (S: dropped)."""
+  lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits_BxJxV.astype(jnp.float32), axis=-1),
+                          record.topk_ids_BxSxK.shape[-1])
+  b = jnp.arange(pos_BxJ.shape[0])[:, None]
+  return record.replace(topk_ids_BxSxK=record.topk_ids_BxSxK.at[b, pos_BxJ].set(ids, mode="drop"),
+                        topk_lp_BxSxK=record.topk_lp_BxSxK.at[b, pos_BxJ].set(lp.astype(jnp.float16),
+                                                                                mode="drop"))
 
 
 def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_active_B) -> SpecState:
@@ -196,7 +261,7 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   taps = _feature_layers(engine.drafter)
   out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, lengths),
                                 cache, buckets=engine.buckets, live_T=rows_B,
-                                region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=taps)
+                                region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=_forward_taps(engine))
 
   # 3. Accept: a root-to-leaf path of n drafts, then the next token.
   acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, sp,
@@ -243,6 +308,15 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
     path_feats = jnp.take_along_axis(out.features, jnp.maximum(path, 0)[:, :, None], axis=1)
     draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths, path_feats)
 
+  record = state.record
+  if record is not None:   # the root and the accepted nodes: their features, and the top-k after each
+    safe_path = jnp.maximum(path, 0)[:, :, None]
+    pos = jnp.where(j_D1 < count[:, None], lengths[:, None] + j_D1, S)                # [B, D+1]
+    feats = _recorded(engine, target_params, jnp.take_along_axis(out.features, safe_path, axis=1))
+    record = record.replace(feats_BxSxF=record.feats_BxSxF.at[jnp.arange(B)[:, None], pos].set(feats,
+                                                                                                 mode="drop"))
+    record = _record_topk(record, jnp.take_along_axis(out.logits, safe_path, axis=1), pos)
+
   st = state.stats
   D_st, N_st = engine.stats_sizes
   pad = lambda x, n: jnp.pad(x, (0, n - x.shape[0]))            # noqa: E731  (counters sized for a scheduler)
@@ -262,7 +336,8 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
       node_accepted_N1=st.node_accepted_N1 + pad(jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0), N_st + 1))
   starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live, lengths, S)].set(True, mode="drop")
   return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
-                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts, rows=row_state)
+                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts, rows=row_state,
+                   record=record)
 
 
 @functools.partial(jax.jit, static_argnames=("engine",), donate_argnames=("cache",))

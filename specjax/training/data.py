@@ -52,17 +52,28 @@ def read_responses(path: Path) -> list[dict]:
 
 def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_new_tokens: int = 256,
                        batch_size: int = 16, temperature: float = 0.0, seed: int = 0, max_len: int = 512,
-                       chunk: int | None = None) -> Path:
-  """Stage 1: the target's replies to ``prompts`` (``{"id", "prompt", ...}``) appended to responses.jsonl."""
+                       chunk: int | None = None, capture=None) -> Path:
+  """Stage 1: the target's replies to ``prompts`` (``{"id", "prompt", ...}``) appended to responses.jsonl.
+
+  ``capture`` (``speculative.Record``): also keep what the decode computed — the tapped features and the
+  top-k at every position — one shard per batch in ``captured/`` (each line names its shard and row), so that
+  ``compute_features`` assembles the store instead of running the target again.  A shard is renamed into
+  place before its lines are appended; a kill between the two leaves an unreferenced shard, removed on
+  resume."""
   from specjax import api
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   path = out_dir / RESPONSES
-  done_ids = {r["id"] for r in read_responses(path)}
+  done = read_responses(path)
+  done_ids = {r["id"] for r in done}
   if path.exists():                                  # drop a torn last line before appending
     text = path.read_text(encoding="utf-8")
     if text and not text.endswith("\n"):
       path.write_text(text[:text.rfind("\n") + 1], encoding="utf-8")
+  shards = None
+  if capture is not None:
+    shards = _CaptureShards(out_dir, capture, m.cfg, {r["shard"] for r in done if "shard" in r})
+    chunk = batch_size                               # one shard per batch: a kill loses at most one batch
   todo = [p for p in prompts if p["id"] not in done_ids]
   # Similar lengths together: fewer padding buckets, less padding.
   enc = api.encode_prompts(m, [p["prompt"] for p in todo])
@@ -80,11 +91,12 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
       idx = order[start:start + chunk]
       gens, _ = api.generate(m, [todo[i]["prompt"] for i in idx], max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed + start, batch_size=batch_size,
-                             max_len=max_len)
+                             max_len=max_len, record=capture)
+      where = shards.write(gens) if shards is not None else [{}] * len(gens)
       lines = []
-      for i, g in zip(idx, gens):
+      for i, g, w in zip(idx, gens, where):
         rec = {"id": todo[i]["id"], "category": todo[i].get("category", ""), "prompt": todo[i]["prompt"],
-               "prompt_ids": enc[i], "response_ids": g.token_ids}
+               "prompt_ids": enc[i], "response_ids": g.token_ids, **w}
         lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
         new_tokens += len(g.token_ids)
       f.write("".join(lines))
@@ -92,6 +104,48 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
       rate = new_tokens / (time.perf_counter() - t0)
       bar.update(task, advance=len(idx), info=f"{rate:.0f} tok/s")
   return path
+
+
+CAPTURED = "captured"
+
+
+class _CaptureShards:
+  """``captured/NNNNNN/`` shards of recorded features (``features.npy`` [T, F] float16, ``topk_ids.npy``,
+  ``topk_logp.npy``, ``offsets.npy``), and ``captured/record.json``: what was recorded (layers, top-k), so
+  that a resumed run cannot mix layouts."""
+
+  def __init__(self, out_dir: Path, capture, cfg, referenced: set[str]):
+    self.dir = out_dir / CAPTURED
+    self.dir.mkdir(exist_ok=True)
+    want = {"taps": list(capture.taps), "final": bool(capture.final), "top_k": int(capture.top_k),
+            "d_model": cfg.d_model, "target_config": cfg.name}
+    info = self.dir / "record.json"
+    if info.exists():
+      have = json.loads(info.read_text())
+      if have != want:
+        raise SpecjaxError(f"{self.dir} holds features recorded as {have}, this run records {want}: use "
+                           "another data directory, or the settings that made it")
+    else:
+      info.write_text(json.dumps(want, indent=1))
+    for d in self.dir.iterdir():       # torn (.tmp) or never referenced (killed before its lines were written)
+      if d.is_dir() and d.name not in referenced:
+        shutil.rmtree(d)
+    names = [int(d.name) for d in self.dir.iterdir() if d.is_dir() and d.name.isdigit()]
+    self.next = max(names, default=-1) + 1
+
+  def write(self, gens) -> list[dict]:
+    name = f"{self.next:06d}"
+    self.next += 1
+    tmp = self.dir / (name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    recs = [g.recorded for g in gens]
+    lens = [len(r["features"]) for r in recs]
+    np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    for key, file in (("features", "features.npy"), ("topk_ids", "topk_ids.npy"), ("topk_logp", "topk_logp.npy")):
+      np.save(tmp / file, np.concatenate([r[key] for r in recs]))
+    os.replace(tmp, self.dir / name)
+    return [{"shard": name, "row": i} for i in range(len(gens))]
 
 
 def generation_order(lengths: Sequence[int], chunk: int, seed: int = 0) -> list[int]:
@@ -122,6 +176,12 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
     raise SpecjaxError(f"no responses in {data_dir / RESPONSES}: run the generation stage first")
   cfg = m.cfg
   fused = tuple(fused_layers) if fused_layers is not None else default_fused_layers(cfg.num_layers)
+  if all("shard" in r for r in records):
+    info = json.loads((data_dir / CAPTURED / "record.json").read_text())
+    if tuple(info["taps"]) == fused and info["final"] and info["top_k"] >= top_k:
+      return assemble_features(data_dir, records, m.source, cfg, fused, top_k)
+    progress_lib.say(f"the replies' recorded features tap layers {info['taps']} (top-{info['top_k']}), the store "
+                     f"asks for {list(fused)} (top-{top_k}): running the target over the data instead")
   seqs = [r["prompt_ids"] + r["response_ids"] for r in records]
   lens = np.array([len(s) for s in seqs], np.int64)
   offsets = np.concatenate([[0], np.cumsum(lens)])
@@ -176,6 +236,70 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   meta = {"target": m.source, "target_config": cfg.name, "d_model": D, "vocab_size": cfg.vocab_size,
           "fused_layers": list(fused), "top_k": top_k, "sequences": len(seqs), "tokens": T_all,
           "response_tokens": int(sum(len(r["response_ids"]) for r in records)), "max_abs_feature": biggest}
+  (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+  dest = data_dir / FEATURES
+  if dest.exists():
+    shutil.rmtree(dest)
+  os.replace(tmp, dest)
+  return dest
+
+
+def assemble_features(data_dir: Path, records: list[dict], source: str, cfg, fused: tuple[int, ...],
+                      top_k: int) -> Path:
+  """``features/`` from the shards recorded while the replies were generated (no target pass): the same
+  arrays as ``compute_features``' except that the top-k before the last prompt token and everything at each
+  sequence's last token are zeros (training reads neither)."""
+  D = cfg.d_model
+  lens = np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in records], np.int64)
+  offsets = np.concatenate([[0], np.cumsum(lens)])
+  T_all = int(offsets[-1])
+  tmp = data_dir / (FEATURES + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  mm = lambda name, dtype, shape: np.lib.format.open_memmap(tmp / name, "w+", dtype, shape)
+  tokens = mm("tokens.npy", np.int32, (T_all,))
+  final = mm("final.npy", np.float16, (T_all, D))
+  fusedf = mm("fused.npy", np.float16, (T_all, D * len(fused)))
+  top_ids = mm("topk_ids.npy", np.int32, (T_all, top_k))
+  top_lp = mm("topk_logp.npy", np.float16, (T_all, top_k))
+  np.save(tmp / "offsets.npy", offsets)
+  np.save(tmp / "prompt_lens.npy", np.array([len(r["prompt_ids"]) for r in records], np.int32))
+  shards: dict[str, dict] = {}
+  biggest = 0.0
+  with progress_lib.progress() as bar:
+    task = bar.add_task("assembling recorded features", total=len(records), info="")
+    for s, r in enumerate(records):
+      if r["shard"] not in shards:
+        shards.clear()                  # records come shard by shard: keep one open
+        d = data_dir / CAPTURED / r["shard"]
+        try:
+          shards[r["shard"]] = {n: np.load(d / f"{n}.npy", mmap_mode="r")
+                                for n in ("offsets", "features", "topk_ids", "topk_logp")}
+        except (OSError, ValueError) as e:
+          raise SpecjaxError(f"recorded shard {d} is missing or damaged ({e}): delete it and the lines of "
+                             f"{RESPONSES} that name it, then rerun to regenerate them") from e
+      sh = shards[r["shard"]]
+      a, b = int(sh["offsets"][r["row"]]), int(sh["offsets"][r["row"] + 1])
+      if b - a != lens[s]:
+        raise SpecjaxError(f"record {r['id']}: shard {r['shard']} row {r['row']} holds {b - a} positions, the "
+                           f"record {lens[s]}: the data directory is inconsistent; regenerate it")
+      o0, o1 = offsets[s], offsets[s + 1]
+      feats = sh["features"][a:b]
+      biggest = max(biggest, float(np.abs(feats).max()))
+      tokens[o0:o1] = r["prompt_ids"] + r["response_ids"]
+      fusedf[o0:o1] = feats[:, :-D]
+      final[o0:o1] = feats[:, -D:]
+      top_ids[o0:o1] = sh["topk_ids"][a:b, :top_k]
+      top_lp[o0:o1] = sh["topk_logp"][a:b, :top_k]
+      bar.update(task, advance=1, info=f"{int(o1)} tokens")
+  if not np.isfinite(biggest):
+    raise SpecjaxError("a recorded feature overflowed float16: this target needs another storage dtype")
+  for arr in (tokens, final, fusedf, top_ids, top_lp):
+    arr.flush()
+  meta = {"target": source, "target_config": cfg.name, "d_model": D, "vocab_size": cfg.vocab_size,
+          "fused_layers": list(fused), "top_k": top_k, "sequences": len(records), "tokens": T_all,
+          "response_tokens": int(sum(len(r["response_ids"]) for r in records)), "max_abs_feature": biggest,
+          "recorded": True}
   (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
   dest = data_dir / FEATURES
   if dest.exists():

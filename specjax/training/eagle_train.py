@@ -62,6 +62,18 @@ class FeatureData:
   def num_sequences(self) -> int:
     return len(self.prompt_lens)
 
+  def predicted_positions(self) -> np.ndarray:
+    """bool [T]: the positions whose next token the drafter learns (the last prompt token to the token before
+    the last), where the stored top-k is the target's (a recorded store has none at earlier prompt
+    positions)."""
+    T = len(self.tokens)
+    starts = np.asarray(self.offsets[:-1]) + np.maximum(np.asarray(self.prompt_lens, np.int64) - 1, 0)
+    ends = np.asarray(self.offsets[1:]) - 1
+    edge = np.zeros(T + 1, np.int64)
+    np.add.at(edge, starts, 1)
+    np.add.at(edge, np.maximum(ends, starts), -1)
+    return np.cumsum(edge[:T]) > 0
+
   def features_for(self, ecfg: eagle.EagleConfig):
     if ecfg.fused:
       if tuple(self.meta["fused_layers"]) != tuple(ecfg.feature_layers):
@@ -80,7 +92,8 @@ class FeatureData:
 
 def token_counts(data: FeatureData, vocab_size: int) -> np.ndarray:
   """How often each target token is the target's first choice or a response token (for a reduced vocab)."""
-  counts = np.bincount(np.asarray(data.topk_ids[:, 0]), minlength=vocab_size).astype(np.int64)
+  first = np.asarray(data.topk_ids[:, 0])[data.predicted_positions()]
+  counts = np.bincount(first, minlength=vocab_size).astype(np.int64)
   return counts + np.bincount(np.asarray(data.tokens), minlength=vocab_size)
 
 

@@ -1,7 +1,7 @@
 """Training recipes: plain functions that ``specjax train CONFIG.gin`` binds (gin stays at the entry point).
 
 ``train_eagle`` does the whole job for a feature drafter, each stage resumable:
-  1. data   (``data.py``): synthesize prompts, the target's replies, its features — once per data directory,
+  1. data   (``prepare.py``, ``data.py``): prompts, the target's replies, its features — once per data directory,
             shared by every run that uses it;
   2. train  (``eagle_train.py`` + ``loop.py``): one jitted step, AdamW, orbax checkpoints in the run
             directory, exact resume with ``--resume``;
@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from specjax.errors import SpecjaxError
+from specjax.training.prepare import default_data_dir, prepare_data
 
 
 def _log(msg: str) -> None:
@@ -54,78 +55,26 @@ def _load_target(model: str, mesh: str | None):
   return m
 
 
-def default_data_dir(model: str, num_prompts: int, max_new_tokens: int, chat_prompts: int = 0,
-                     passage_prompts: int = 0, self_prompts: int = 0) -> Path:
-  from specjax.cache_location import cache_dir
-  safe = model.replace("/", "_")
-  mix = (f"-c{chat_prompts}-t{passage_prompts}-s{self_prompts}" if chat_prompts or passage_prompts or self_prompts
-         else "")
-  return cache_dir() / "distill" / f"{safe}-p{num_prompts}{mix}-n{max_new_tokens}"
-
-
-def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, extra_prompts: Sequence[str],
-                 gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512, chat_prompts: int = 0,
-                 passage_prompts: int = 0, self_prompts: int = 0) -> Path:
-  """Stages 1-2 of the data, skipped when already complete.
-
-  The prompts: ``num_prompts`` short synthesized questions (``synth_prompts``), ``chat_prompts`` chat-style
-  requests (``chat_prompts.chat_requests``), the records of each ``extra_prompts`` file and ``self_prompts``
-  requests asking the target to write a user's question; then, in a second round, ``passage_prompts`` tasks
-  (summarize, translate, extract...) over the target's replies, and the questions the target wrote."""
-  from specjax import api
-  from specjax.prompts import load_prompts
-  from specjax.training import chat_prompts as chat_lib, data, synth_prompts
-  feats = data_dir / data.FEATURES / "meta.json"
-  if feats.exists():
-    return data_dir
-  prompts = (synth_prompts.synthesize(num_prompts, seed=seed) + chat_lib.chat_requests(chat_prompts, seed=seed)
-             + (synth_prompts.self_written_seed_prompts(self_prompts, seed=seed + 1) if self_prompts else []))
-  for path in extra_prompts:
-    for p in load_prompts(path):
-      prompts.append({"id": f"{Path(path).name}:{p.question_id}", "category": p.category, "prompt": p.text})
-  if not prompts:
-    raise SpecjaxError("no training prompts: set num_prompts, chat_prompts, self_prompts or extra_prompts")
-  _log(f"data: {len(prompts)} prompts -> {data_dir}")
-  gen = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch_size, seed=seed, max_len=max_len)
-  data.generate_responses(m, prompts, data_dir, **gen)
-  if passage_prompts or self_prompts:
-    first = {p["id"] for p in prompts}
-    # The first round's replies, in id order (the file's order depends on where a killed run resumed).
-    replies = sorted((r for r in data.read_responses(data_dir / data.RESPONSES) if r["id"] in first),
-                     key=lambda r: r["id"])
-    text = {r["id"]: m.tokenizer.decode(r["response_ids"]) for r in replies}
-    tasks = []
-    if passage_prompts:
-      tasks += chat_lib.passage_requests([t for i, t in text.items() if not i.startswith("self-")],
-                                         passage_prompts, seed=seed, max_chars=4 * (max_len - max_new_tokens - 48))
-    if self_prompts:
-      written = synth_prompts.questions_from_replies([t for i, t in text.items() if i.startswith("self-")])
-      tasks += [{"id": f"selfq-{i}", "category": "self-written", "prompt": q} for i, q in enumerate(written)]
-    fits = [len(e) + max_new_tokens <= max_len for e in api.encode_prompts(m, [t["prompt"] for t in tasks])]
-    tasks = [t for t, ok in zip(tasks, fits) if ok]
-    _log(f"data: {len(tasks)} second-round prompts (tasks over the target's replies, its own questions) -> "
-         f"{data_dir}")
-    data.generate_responses(m, tasks, data_dir, **gen)
-  data.compute_features(m, data_dir, fused_layers=fused_layers)
-  return data_dir
-
-
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
-                chat_prompts: int = 0, passage_prompts: int = 0, self_prompts: int = 0,
+                chat_prompts: int = 0, passage_prompts: int = 0, self_prompts: int = 0, code_prompts: int = 0,
+                record_features: bool = True, max_len: int = 512,
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
                 eval_positions: int = 5, mesh: str | None = None, init_from: str | None = None,
-                **train_kw) -> dict:
+                data_only: bool = False, **train_kw) -> dict:
   """Train an EAGLE-style feature drafter for ``model``: data (once per data directory), training
   (``train_eagle_on``'s settings), export to RUN_DIR/drafter, held-out evaluation; returns a summary (also
   written to summary.json).
 
   ``features``: ``final`` (the target's final hidden state) or ``fused`` (``fused_layers``, default low /
   middle / high).  The data directory defaults to the specjax cache (shared by every run on that data); what
-  goes into it: ``num_prompts``, ``chat_prompts``, ``passage_prompts``, ``self_prompts`` (``prepare_data``).
+  goes into it: ``num_prompts``, ``chat_prompts``, ``code_prompts``, ``passage_prompts``, ``self_prompts``
+  (``prepare_data``, which records the features while the target replies unless ``record_features`` is off;
+  ``max_len``: prompt + reply positions).
   ``mesh`` ('DATAxMODEL'): the target (data generation, its feature pass) sharded over it, and training
   data-parallel on it (``_fit``).  ``init_from``: an exported drafter to continue from (fine-tuning on new
   data: its weights and its reduced vocabulary; its features and vocabulary size must match the settings).
+  ``data_only``: stop once the data is complete (make it now, train later: a later run finds it).
   """
   from specjax.checkpoints import drafter_io
   from specjax.training import data as data_lib, evaluate
@@ -138,11 +87,21 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   m = _load_target(model, mesh)
   fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
   ddir = (Path(data_dir).expanduser() if data_dir
-          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts, self_prompts))
+          else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts, self_prompts,
+                                code_prompts))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
                chat_prompts=chat_prompts, passage_prompts=passage_prompts, self_prompts=self_prompts,
+               code_prompts=code_prompts, record_features=record_features, max_len=max_len,
                gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
   data_s = time.perf_counter() - t0
+  if data_only:
+    meta = json.loads((ddir / data_lib.FEATURES / "meta.json").read_text())
+    summary = {"data_dir": str(ddir), "data_s": data_s, "data_tokens": meta["tokens"],
+               "response_tokens": meta["response_tokens"], "sequences": meta["sequences"]}
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "data_summary.json").write_text(json.dumps(summary, indent=1))
+    _log(f"data complete in {ddir}: {meta['sequences']} sequences, {meta['tokens']} tokens")
+    return summary
   init = None
   if init_from:
     ecfg0, params0, _ = drafter_io.load_drafter(init_from, m.cfg, m.params, m.tokenizer, model)
@@ -181,7 +140,7 @@ def _reduced_head(store, cfg, size: int):
   from specjax.training import eagle_train
   counts = eagle_train.token_counts(store, cfg.vocab_size)
   head_ids = eagle_train.reduced_vocabulary(counts, size, always=cfg.eos_token_ids)
-  covered = float(np.isin(np.asarray(store.topk_ids[:, 0]), head_ids).mean())
+  covered = float(np.isin(np.asarray(store.topk_ids[:, 0])[store.predicted_positions()], head_ids).mean())
   _log(f"reduced vocabulary: {size} tokens cover {covered:.4f} of the target's first choices")
   return head_ids, _t2d(head_ids, cfg.vocab_size)
 

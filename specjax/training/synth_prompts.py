@@ -5,7 +5,7 @@ A drafter is trained on what the target says, so the prompts only have to be var
 from a benchmark; ``synthesize(n, seed)`` is deterministic, and every prompt is distinct.
 
 The target can also write prompts itself: ``self_written_seed_prompts`` gives the requests that ask it to,
-``questions_from_replies`` turns its answers into prompts (``recipes.prepare_data`` runs both rounds).
+``questions_from_replies`` turns its answers into prompts (``prepare.prepare_data`` runs both rounds).
 """
 from __future__ import annotations
 
