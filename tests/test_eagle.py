@@ -47,7 +47,35 @@ def target():
 def test_engine_drafting_equals_the_training_forward(target, variant):
   """The engine's root, depth-1 and depth-2 drafts and its root after a commit give exactly the training
   forward's logits at unroll steps 1, 2, 3 (so training optimises what the engine runs)."""
-  ecfg = eagle.EagleConfig(CFG, *VARIANTS[variant])
+  _engine_equals_training(CFG, target, eagle.EagleConfig(CFG, *VARIANTS[variant]))
+
+
+def test_engine_drafting_equals_the_training_forward_with_qkv_biases():
+  """A Qwen2-style target (q/k/v biases): the drafter's layer has them in the engine and in training."""
+  cfg = CFG.replace(name="tiny-qwen", qkv_bias=True)
+  target = model.init_params(cfg, jax.random.PRNGKey(4))
+  ecfg = eagle.EagleConfig(cfg, (0, 2), 0)
+  _, dp = _drafter_params(ecfg, target)
+  assert "b_qkv" in dp["layers"] and float(jnp.abs(dp["layers"]["b_qkv"]).max()) > 0
+  _engine_equals_training(cfg, target, ecfg)
+
+
+def test_bfloat16_training_matmuls_stay_close_to_float32(target):
+  """``matmul_dtype='bfloat16'`` (the fast CPU training path) computes nearly the float32 forward, and its
+  gradients point the same way."""
+  ecfg = eagle.EagleConfig(CFG, (0, 2), 16)
+  tr, dp = _drafter_params(ecfg, target)
+  seq = jnp.asarray([[5, 9, 7, 3, 11, 12, 4, 20, 33, 17, 8]], jnp.int32)
+  T = seq.shape[1]
+  G = model.forward(target, CFG, seq, jnp.arange(T)[None], kv_cache.init_cache(CFG, 1, 32), feature_layers=(0, 2)).features
+  batch = {"tokens": seq, "pos": jnp.arange(T)[None], "seg": jnp.ones((1, T), jnp.int32), "feats": G}
+  f32, _ = eagle_train.train_forward(dp, ecfg, batch, unroll=2)
+  b16, _ = eagle_train.train_forward(dp, ecfg, batch, unroll=2, matmul_dtype=jnp.bfloat16)
+  assert float(jnp.abs(f32 - b16).max()) < 0.05 * float(jnp.abs(f32).max())
+  assert float(jnp.abs(f32 - b16).max()) > 0          # it did run in bfloat16
+
+
+def _engine_equals_training(CFG, target, ecfg):
   _, dp = _drafter_params(ecfg, target)
   seq = np.array([[5, 9, 7, 3, 11, 12, 4, 20, 33, 17, 8]], np.int32)
   T, P = seq.shape[1], 7

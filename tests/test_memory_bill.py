@@ -31,11 +31,11 @@ def files(tmp_path_factory):
   return d, str(target), str(draft)
 
 
-def eagle_dir(m, d):
+def eagle_dir(m, d, parallel=0):
   from specjax.checkpoints import drafter_io
   from specjax.speculative import eagle
-  ecfg = eagle.EagleConfig(m.cfg, (), 0)
-  path = d / f"eagle-{m.dtype.__name__ if hasattr(m.dtype, '__name__') else m.dtype}"
+  ecfg = eagle.EagleConfig(m.cfg, (), 0, parallel)
+  path = d / f"eagle{parallel or ''}-{m.dtype.__name__ if hasattr(m.dtype, '__name__') else m.dtype}"
   if not path.exists():
     drafter_io.save_drafter(path, ecfg, eagle.init_trainable(ecfg, jax.random.PRNGKey(1)), target_name=m.source,
                             tokenizer=m.tokenizer)
@@ -43,14 +43,14 @@ def eagle_dir(m, d):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("drafter", ["none", "ngram", "layerskip", "model", "hybrid", "eagle"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "layerskip", "model", "hybrid", "eagle", "eagle-parallel"])
 def test_the_bill_is_the_bytes_allocated(files, drafter, dtype):
   d, target, draft_path = files
   m = api.load(target, dtype=dtype)
   draft = {"model": api.load(draft_path, dtype=dtype), "hybrid": api.load(draft_path, dtype=dtype),
            "eagle": None}.get(drafter)
-  if drafter == "eagle":
-    draft = eagle_dir(m, d)
+  if drafter.startswith("eagle"):
+    draft = eagle_dir(m, d, parallel=K if drafter == "eagle-parallel" else 0)
   ds = DecodeSpec(drafter=drafter, k=K, draft_layers="1" if drafter == "layerskip" else None)
   dec = build(m, ds, eos_ids=(), max_len=S, draft=draft, batch_size=B)
   bill = checks.memory_bill(m, S, dec.k_max, dec.draft.cfg if dec.draft is not None else None,
@@ -62,7 +62,7 @@ def test_the_bill_is_the_bytes_allocated(files, drafter, dtype):
   assert state.cache.k.dtype == jnp.dtype(dtype)
   assert nbytes(state.cache) == B * bill.target_kv_per_seq
   assert nbytes(state.draft) == B * bill.draft_kv_per_seq
-  assert (bill.draft_kv_per_seq > 0) == (drafter in ("layerskip", "model", "hybrid", "eagle"))
+  assert (bill.draft_kv_per_seq > 0) == (drafter in ("layerskip", "model", "hybrid", "eagle", "eagle-parallel"))
   assert nbytes((state.seq_BxS, state.starts_BxS)) == B * bill.tokens_per_seq
   if drafter == "model":       # the bill from configs alone (`specjax cost`, the early checks) is the same
     from specjax import memory

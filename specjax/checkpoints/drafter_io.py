@@ -78,11 +78,15 @@ def _layer_tensors(layers, cfg) -> dict[str, np.ndarray]:
   lp = {k: np.asarray(v)[0] for k, v in layers.items()}
   q, k, v = np.split(lp["w_qkv"], [H * E, (H + K) * E], axis=0)
   gate, up = np.split(lp["w_gate_up"], [F], axis=0)
-  return {"layers.0.input_layernorm.weight": lp["attn_norm"], "layers.0.post_attention_layernorm.weight":
-          lp["mlp_norm"], "layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k,
-          "layers.0.self_attn.v_proj.weight": v, "layers.0.self_attn.o_proj.weight": lp["wo"],
-          "layers.0.mlp.gate_proj.weight": gate, "layers.0.mlp.up_proj.weight": up,
-          "layers.0.mlp.down_proj.weight": lp["w_down"]}
+  out = {"layers.0.input_layernorm.weight": lp["attn_norm"], "layers.0.post_attention_layernorm.weight":
+         lp["mlp_norm"], "layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k,
+         "layers.0.self_attn.v_proj.weight": v, "layers.0.self_attn.o_proj.weight": lp["wo"],
+         "layers.0.mlp.gate_proj.weight": gate, "layers.0.mlp.up_proj.weight": up,
+         "layers.0.mlp.down_proj.weight": lp["w_down"]}
+  if "b_qkv" in lp:            # Qwen2's q/k/v biases
+    for name, b in zip("qkv", np.split(lp["b_qkv"], [H * E, (H + K) * E])):
+      out[f"layers.0.self_attn.{name}_proj.bias"] = b
+  return out
 
 
 def save_drafter(path: str | Path, ecfg, trainable: dict, *, target_name: str, tokenizer, head_ids=None,
@@ -97,6 +101,8 @@ def save_drafter(path: str | Path, ecfg, trainable: dict, *, target_name: str, t
     tensors["fuse.weight"] = np.asarray(trainable["fuse"], np.float32)
   if ecfg.reduced:
     tensors["d2t"] = np.asarray(head_ids, np.int64)
+  if ecfg.parallel:
+    tensors["placeholders"] = np.asarray(trainable["placeholders"], np.float32)
   t = ecfg.target
   config = {"specjax_drafter": HEAD_FORMAT, "format_version": FORMAT_VERSION,
             "architectures": ["SpecjaxEagleDrafter"],
@@ -106,7 +112,8 @@ def save_drafter(path: str | Path, ecfg, trainable: dict, *, target_name: str, t
             "feature_layers": list(ecfg.feature_layers), "vocab_size": ecfg.head_size,
             "hidden_size": t.d_model, "num_attention_heads": t.num_heads, "num_key_value_heads": t.num_kv_heads,
             "head_dim": t.head_dim, "intermediate_size": t.ffn_dim, "rms_norm_eps": t.norm_eps,
-            "rope_theta": t.rope_theta, "num_hidden_layers": 1, "training": training or {}}
+            "rope_theta": t.rope_theta, "num_hidden_layers": 1, "parallel_positions": ecfg.parallel,
+            "training": training or {}}
   tmp = path.with_name(path.name + ".tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
@@ -163,7 +170,11 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
   if any(not 0 <= i < target_cfg.num_layers for i in layers_fl):
     raise SpecjaxError(f"drafter {path} reads target layers {list(layers_fl)}, the target has "
                        f"{target_cfg.num_layers}")
-  ecfg = eagle.EagleConfig(target_cfg, layers_fl, int(config["vocab_size"]))
+  try:
+    ecfg = eagle.EagleConfig(target_cfg, layers_fl, int(config["vocab_size"]),
+                             int(config.get("parallel_positions", 0)))
+  except ValueError as e:
+    raise SpecjaxError(f"drafter {path}: {e}") from e
   try:
     t = load_file(str(path / "model.safetensors"))
   except (SafetensorError, OSError, ValueError) as e:
@@ -175,6 +186,10 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
     need["fuse.weight"] = (D, ecfg.feature_dim)
   if ecfg.reduced:
     need["d2t"] = (ecfg.head_size,)
+  if ecfg.parallel:
+    need["placeholders"] = (ecfg.parallel - 1, D)
+  if target_cfg.qkv_bias:
+    need.update({f"layers.0.self_attn.{n}_proj.bias": None for n in "qkv"})
   for name, shape in need.items():
     if name not in t:
       raise SpecjaxError(f"{path}/model.safetensors lacks '{name}': not an EAGLE drafter of this format")
@@ -187,9 +202,13 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
               "wo": g("self_attn.o_proj")[None],
               "w_gate_up": np.concatenate([g("mlp.gate_proj"), g("mlp.up_proj")])[None],
               "w_down": g("mlp.down_proj")[None]}
+    if cfg.qkv_bias:
+      layers["b_qkv"] = np.concatenate([t[f"layers.0.self_attn.{n}_proj.bias"] for n in "qkv"])[None]
     expect = {"w_qkv": (1, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, D),
               "wo": (1, D, cfg.num_heads * cfg.head_dim), "w_gate_up": (1, 2 * cfg.ffn_dim, D),
               "w_down": (1, D, cfg.ffn_dim)}
+    if cfg.qkv_bias:
+      expect["b_qkv"] = (1, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)
     for k, s in expect.items():
       if layers[k].shape != s:
         raise ValueError(f"{k} has shape {layers[k].shape}, expected {s}")
@@ -199,6 +218,8 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
                "layers": {k: jnp.asarray(v, jnp.float32) for k, v in layers.items()}}
   if ecfg.fused:
     trainable["fuse"] = t["fuse.weight"]
+  if ecfg.parallel:
+    trainable["placeholders"] = t["placeholders"]
   trainable = {k: (v if isinstance(v, dict) else jnp.asarray(v, jnp.float32)) for k, v in trainable.items()}
   head_ids = t["d2t"].astype(np.int32) if ecfg.reduced else None
   if head_ids is not None and (head_ids.min() < 0 or head_ids.max() >= target_cfg.vocab_size):

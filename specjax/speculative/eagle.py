@@ -47,12 +47,16 @@ class EagleConfig:
   target: ModelConfig
   feature_layers: tuple[int, ...] = ()     # () = the target's final hidden state; else fused layer taps
   vocab_size: int = 0                      # draft head rows; 0 = the target's vocabulary
+  parallel: int = 0                        # K > 0: a parallel drafter (``eagle_parallel``) drafting K positions
+                                           # in one forward (K - 1 learned placeholders); 0: sequential
 
   def __post_init__(self):
     if self.vocab_size == self.target.vocab_size:       # one spelling of "the full vocabulary"
       object.__setattr__(self, "vocab_size", 0)
     if not 0 <= self.vocab_size <= self.target.vocab_size:
       raise ValueError(f"draft vocabulary of {self.vocab_size} tokens: use 1..{self.target.vocab_size} (0 = all)")
+    if self.parallel == 1 or self.parallel < 0:
+      raise ValueError(f"a parallel drafter drafts K >= 2 positions per forward, got {self.parallel} (0: sequential)")
     if any(not 0 <= i < self.target.num_layers for i in self.feature_layers):
       raise ValueError(f"feature layers {list(self.feature_layers)} outside the target's "
                        f"{self.target.num_layers} layers")
@@ -77,12 +81,14 @@ class EagleConfig:
   def layer_cfg(self) -> ModelConfig:
     """The drafter as a one-layer model of the target's shape with an untied head of ``head_size`` rows."""
     kind = f"fused{'_'.join(map(str, self.feature_layers))}" if self.fused else "final"
+    kind += f"-par{self.parallel}" if self.parallel else ""
     return self.target.replace(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
                                vocab_size=self.head_size, tie_embeddings=False)
 
   def to_dict(self) -> dict:
     return {"feature_layers": list(self.feature_layers), "vocab_size": self.head_size,
-            "target_vocab_size": self.target.vocab_size, "d_model": self.target.d_model}
+            "target_vocab_size": self.target.vocab_size, "d_model": self.target.d_model,
+            **({"parallel": self.parallel} if self.parallel else {})}
 
 
 def init_trainable(ecfg: EagleConfig, key: jax.Array) -> dict:
@@ -100,6 +106,8 @@ def init_trainable(ecfg: EagleConfig, key: jax.Array) -> dict:
     n = len(ecfg.feature_layers)
     params["fuse"] = (jnp.tile(eye, (1, n)) / n
                       + jax.random.normal(k_fuse, (D, F)) * (0.02 / math.sqrt(F)))
+  if ecfg.parallel:      # the layer inputs of draft positions 2..K (P-EAGLE's placeholders)
+    params["placeholders"] = jax.random.normal(jax.random.fold_in(key, 7), (ecfg.parallel - 1, D)) * 0.02
   return params
 
 
@@ -119,15 +127,20 @@ def frozen_from_target(ecfg: EagleConfig, target_params, head_ids=None) -> dict:
   return out
 
 
+def normalized_taps(ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
+  """Each tapped layer's residual stream RMS-normalised (float32, same shape): what ``fuse`` multiplies."""
+  D, n = ecfg.target.d_model, len(ecfg.feature_layers)
+  parts = feats_BxTxF.reshape(*feats_BxTxF.shape[:-1], n, D).astype(jnp.float32)
+  parts = parts * jax.lax.rsqrt(jnp.mean(parts * parts, axis=-1, keepdims=True) + ecfg.target.norm_eps)
+  return parts.reshape(feats_BxTxF.shape)
+
+
 def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
   """A target feature in the drafter's width D: as is (final hidden state), or each tapped layer
   RMS-normalised and fused by ``fuse``."""
   if not ecfg.fused:
     return feats_BxTxF
-  D, n = ecfg.target.d_model, len(ecfg.feature_layers)
-  parts = feats_BxTxF.reshape(*feats_BxTxF.shape[:-1], n, D).astype(jnp.float32)
-  parts = parts * jax.lax.rsqrt(jnp.mean(parts * parts, axis=-1, keepdims=True) + ecfg.target.norm_eps)
-  return jnp.einsum("...f,df->...d", parts.reshape(feats_BxTxF.shape), params["fuse"])
+  return jnp.einsum("...f,df->...d", normalized_taps(ecfg, feats_BxTxF), params["fuse"])
 
 
 def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array, backends=None) -> jax.Array:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, hybrid, suffix
+from specjax.speculative import drafters, eagle, eagle_parallel, hybrid, suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,10 @@ KINDS = {k.name: k for k in (
     Kind("model", "a separate draft model sharing the target's tokenizer", draft="model"),
     Kind("hybrid", "prompt lookup where the last n tokens repeat, the draft model elsewhere", draft="model",
          trees=False, ngram=True, priced=False),
-    Kind("eagle", "a trained feature drafter reading the target's hidden states", draft="head"),
+    Kind("eagle", "a trained feature drafter reading the target's hidden states (a parallel one if its "
+         "directory says so)", draft="head"),
+    Kind("eagle-parallel", "a trained parallel feature drafter: all K draft positions in one forward",
+         draft="head"),
     Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
          "requests and the batch", stateless=True, learns=True),
 )}
@@ -133,8 +136,23 @@ def _layerskip(x: _Inputs):
 
 def _eagle(x: _Inputs):
   ecfg, params = x.head
+  if ecfg.parallel:
+    return _eagle_parallel(x)
   return (eagle.EagleDrafter(ecfg.layer_cfg, name="eagle", buckets=x.buckets, ecfg=ecfg, max_depth=x.depth or x.k),
           params)
+
+
+def _eagle_parallel(x: _Inputs):
+  ecfg, params = x.head
+  depth = x.depth or x.k
+  if not ecfg.parallel:
+    raise SpecjaxError("drafter 'eagle-parallel' needs a parallel drafter (trained with train_eagle.parallel = "
+                       "K); this directory holds a sequential one: use --drafter eagle")
+  if depth > ecfg.parallel:
+    raise SpecjaxError(f"the parallel drafter drafts {ecfg.parallel} positions per forward; --k/--tree asks for "
+                       f"depth {depth}: use --k {ecfg.parallel} or a tree at most {ecfg.parallel} deep")
+  return (eagle_parallel.ParallelEagleDrafter(ecfg.layer_cfg, buckets=x.buckets, ecfg=ecfg,
+                                              max_depth=ecfg.parallel), params)
 
 
 # One builder per kind (a new drafter: a Kind above and its builder here).
@@ -146,6 +164,7 @@ _BUILDERS = {
     "hybrid": lambda x: (hybrid.hybrid_drafter(x.draft_cfg, x.k, min_match=x.ngram, buckets=x.buckets),
                          x.draft_params),
     "eagle": _eagle,
+    "eagle-parallel": _eagle_parallel,
     "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index(x.index_tokens or suffix.DEFAULT_CORPUS_TOKENS)),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"

@@ -13,6 +13,10 @@ step's logits at t are scored against the target's distribution of token t+1 (``
 cross-entropy on the target's token) and, with ``w_reg``, its output against the target's final hidden state
 (smooth L1: EAGLE's feature regression).  Only response positions count.
 
+A parallel drafter (``EagleConfig.parallel = K``, unroll = K) is the same forward with step s >= 2's input
+replaced by its learned placeholder: all K positions of an anchor are then computed in one engine forward
+(``speculative/eagle_parallel.py``), and the mask above is exactly what they attend to there.
+
 Sequences are packed end to end into rows of ``seq_len`` tokens (segment ids keep them apart; positions
 restart per sequence, as in the engine).
 """
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib
+from specjax import model as model_lib, quant
 from specjax.errors import SpecjaxError
 from specjax.speculative import eagle
 from specjax.training import losses
@@ -188,12 +192,15 @@ class LossConfig:
   w_reg: float = 0.0         # smooth-L1 regression of the drafter's output to the target's final hidden state
   unroll: int = 1            # training-time test steps (1 = teacher forcing only)
   step_decay: float = 1.0    # weight of step s is step_decay ** (s - 1)
+  matmul_dtype: str = "float32"   # or bfloat16 (train_forward)
 
   def __post_init__(self):
     if self.kind not in ("ce",) + losses.KINDS:
       raise ValueError(f"unknown loss '{self.kind}': choose ce or one of {', '.join(losses.KINDS)}")
     if self.unroll < 1:
       raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+    if self.matmul_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"matmul_dtype must be float32 or bfloat16, got '{self.matmul_dtype}'")
 
 
 def _shift_prev(x_BxTxF, seg_BxT):
@@ -211,8 +218,20 @@ def _shift(x_BxTx, n: int):
   return jnp.concatenate([pad, x_BxTx[:, :-n]], axis=1)
 
 
-def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1):
-  """Logits [S, B, T, Vr] and output hidden states [S, B, T, D] of the S = unroll training-time-test steps."""
+def _dot(spec: str, x, w, dtype):
+  """einsum in ``dtype`` (bfloat16: both operands rounded, products summed in float32), else as is."""
+  if dtype == jnp.float32:
+    return jnp.einsum(spec, x, w)
+  return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmul_dtype=jnp.float32):
+  """Logits [S, B, T, Vr] and output hidden states [S, B, T, D] of the S = unroll training-time-test steps.
+
+  ``matmul_dtype`` bfloat16: the projections, the MLP and the head multiply in bfloat16 with float32 sums
+  (the parameters, norms, attention and losses stay float32) — on CPUs with bfloat16 matrix units (AMX,
+  AVX512-BF16) several times the float32 rate; float32 is the engine's arithmetic exactly."""
+  dt = jnp.dtype(matmul_dtype)
   cfg = ecfg.layer_cfg
   H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   G = H // K
@@ -222,12 +241,30 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1):
   cos, sin = model_lib.rope_tables(cfg, pos)
   t_idx = jnp.arange(T)
   same_seg = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)        # [B, T(query), T(key)]
-  g = _shift_prev(eagle.target_feature(params, ecfg, batch["feats"].astype(jnp.float32)), seg)
+  feats = batch["feats"].astype(jnp.float32)
+  if ecfg.fused and dt != jnp.float32:     # eagle.target_feature with its fuse product in dt
+    g = _dot("btf,df->btd", eagle.normalized_taps(ecfg, feats), params["fuse"], dt)
+  else:
+    g = eagle.target_feature(params, ecfg, feats)
+  g = _shift_prev(g, seg)
   keys, values, logits_all, hidden_all = [], [], [], []
+  if ecfg.parallel and unroll != ecfg.parallel:
+    raise ValueError(f"a parallel drafter of K={ecfg.parallel} trains with unroll = K, got {unroll}")
   for s in range(1, unroll + 1):
-    x = eagle.input_proj(params, tokens, g)
+    if ecfg.parallel and s > 1:
+      # Parallel drafting: the s-th draft position reads a learned placeholder, not a token and a feature
+      # (row t = the placeholder at t for the anchor t - s + 1; its keys are the anchor's context and the
+      # anchor's earlier placeholders: the same diagonal mask as the training-time test).
+      x = jnp.broadcast_to(params["placeholders"][s - 2].astype(jnp.float32), (B, T, cfg.d_model))
+    elif dt == jnp.float32:
+      x = eagle.input_proj(params, tokens, g)
+    else:
+      e = quant.embed_rows(params["embed"], tokens, jnp.float32)
+      x = _dot("btf,df->btd", jnp.concatenate([e, g], axis=-1), params["fc"], dt)
     h = model_lib.rms_norm(x, lp["attn_norm"], cfg.norm_eps)
-    qkv = jnp.einsum("btd,nd->btn", h, lp["w_qkv"])
+    qkv = _dot("btd,nd->btn", h, lp["w_qkv"], dt)
+    if "b_qkv" in lp:              # Qwen2's q/k/v biases (the engine's layer adds them too)
+      qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
     q = model_lib.apply_rope(q.reshape(B, T, K, G, E).reshape(B, T, H, E), cos, sin).reshape(B, T, K, G, E)
     k = model_lib.apply_rope(k.reshape(B, T, K, E), cos, sin)
@@ -253,28 +290,28 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1):
     o = jnp.einsum("bkgtu,buke->btkge", probs[..., :T], values[0])
     for i, vm in enumerate(diag_v):
       o = o + probs[..., T + i].transpose(0, 3, 1, 2)[..., None] * vm[:, :, :, None, :]
-    x = x + jnp.einsum("btn,dn->btd", o.reshape(B, T, H * E), lp["wo"])
+    x = x + _dot("btn,dn->btd", o.reshape(B, T, H * E), lp["wo"], dt)
     h = model_lib.rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
-    gate, up = jnp.split(jnp.einsum("btd,nd->btn", h, lp["w_gate_up"]), 2, axis=-1)
-    x = x + jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, lp["w_down"])
+    gate, up = jnp.split(_dot("btd,nd->btn", h, lp["w_gate_up"], dt), 2, axis=-1)
+    x = x + _dot("btf,df->btd", jax.nn.silu(gate) * up, lp["w_down"], dt)
     hidden = model_lib.rms_norm(x, params["final_norm"], cfg.norm_eps)
-    logits_all.append(jnp.einsum("btd,vd->btv", hidden, params["lm_head"]))
+    logits_all.append(_dot("btd,vd->btv", hidden, params["lm_head"], dt))
     hidden_all.append(hidden)
     g = _shift_prev(hidden, seg)          # the next step reads the drafter's own output at t - 1
   return jnp.stack(logits_all), jnp.stack(hidden_all)
 
 
-def target_logits(frozen, final_BxTxD):
+def target_logits(frozen, final_BxTxD, matmul_dtype=jnp.float32):
   """The target's logits over the drafter's vocabulary (its head rows) from its stored final hidden states;
   softmax over them = the target's distribution restricted to that vocabulary."""
-  return jnp.einsum("btd,vd->btv", final_BxTxD.astype(jnp.float32), frozen["lm_head"])
+  return _dot("btd,vd->btv", final_BxTxD.astype(jnp.float32), frozen["lm_head"], jnp.dtype(matmul_dtype))
 
 
 def loss_fn(trainable, frozen, ecfg: eagle.EagleConfig, lcfg: LossConfig, batch, t2d=None):
   """(loss, metrics).  ``t2d`` [V]: target id -> draft vocabulary index (-1 outside), for cross-entropy."""
   params = {**trainable, **frozen}
-  logits_S, hidden_S = train_forward(params, ecfg, batch, lcfg.unroll)
-  p_logits = jax.lax.stop_gradient(target_logits(frozen, batch["final"]))
+  logits_S, hidden_S = train_forward(params, ecfg, batch, lcfg.unroll, lcfg.matmul_dtype)
+  p_logits = jax.lax.stop_gradient(target_logits(frozen, batch["final"], lcfg.matmul_dtype))
   final = batch["final"].astype(jnp.float32)
   mask = batch["loss_mask"]
   B, T = mask.shape

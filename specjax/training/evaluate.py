@@ -25,7 +25,8 @@ from specjax.training import eagle_train
 def _batch_sums(params, target_head, ecfg, batch, positions: int, temperature: float = 1.0):
   """Per step s: (sum of 1 − TVD, sum of first-choice agreement) over loss positions, and their count; p and
   q at ``temperature`` (the engine samples both at the same one)."""
-  logits_S, _ = eagle_train.train_forward(params, ecfg, batch, positions)
+  # (a parallel drafter computes its K positions together: all of them are scored)
+  logits_S, _ = eagle_train.train_forward(params, ecfg, batch, ecfg.parallel or positions)
   q = jax.nn.softmax(eagle.to_target_vocab(params, ecfg, logits_S) / temperature, axis=-1)  # [S, B, T, V]
   p_logits = jnp.einsum("btd,vd->btv", batch["final"].astype(jnp.float32), target_head)
   p = jax.nn.softmax(p_logits / temperature, axis=-1)
@@ -41,8 +42,8 @@ def _head(m):
 
 
 def _accumulate(params, head, ecfg, batches, positions, temperature: float = 1.0):
-  acc = np.zeros(positions)
-  top1 = np.zeros(positions)
+  acc = np.zeros(ecfg.parallel or positions)
+  top1 = np.zeros(ecfg.parallel or positions)
   n = 0
   for batch in batches:
     a, t, c = jax.device_get(_batch_sums(params, head, ecfg, batch, positions, float(temperature)))

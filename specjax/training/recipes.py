@@ -105,11 +105,13 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   init = None
   if init_from:
     ecfg0, params0, _ = drafter_io.load_drafter(init_from, m.cfg, m.params, m.tokenizer, model)
-    want = (tuple(fused) if features == "fused" else (), int(train_kw.get("reduced_vocab", 0)))
-    if (ecfg0.feature_layers, ecfg0.head_size if ecfg0.reduced else 0) != want:
+    want = (tuple(fused) if features == "fused" else (), int(train_kw.get("reduced_vocab", 0)),
+            int(train_kw.get("parallel", 0)))
+    if (ecfg0.feature_layers, ecfg0.head_size if ecfg0.reduced else 0, ecfg0.parallel) != want:
       raise SpecjaxError(f"init_from {init_from} reads layers {list(ecfg0.feature_layers)} with a "
-                         f"{ecfg0.head_size}-token head; the settings ask for {list(want[0])} and reduced_vocab "
-                         f"{want[1]}: make them match the drafter")
+                         f"{ecfg0.head_size}-token head (parallel {ecfg0.parallel}); the settings ask for "
+                         f"{list(want[0])}, reduced_vocab {want[1]} and parallel {want[2]}: make them match the "
+                         "drafter")
     init = ({k: v for k, v in params0.items() if k not in ("embed", "lm_head", "head_ids")},
             None if "head_ids" not in params0 else np.asarray(params0["head_ids"]))
     _log(f"starting from the drafter in {init_from}")
@@ -154,23 +156,30 @@ def _t2d(head_ids, vocab_size: int) -> jax.Array:
 def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = False, model_name: str = "",
                    features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
                    loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
-                   step_decay: float = 1.0, init=None, **fit_kw) -> dict:
+                   step_decay: float = 1.0, matmul_dtype: str = "float32", parallel: int = 0, init=None,
+                   **fit_kw) -> dict:
   """The training stage on an existing feature store (``_fit``'s settings: steps, batch, optimizer,
   checkpoints).  ``init``: (trainable parameters, head_ids or None) to start from instead of a fresh drafter.
 
   ``reduced_vocab``: 0 = the target's vocabulary, else that many most frequent tokens.  ``loss``: ce | fkl |
   rkl | jsd | tvd (weight ``w_cls``), plus ``w_reg`` × smooth-L1 feature regression; ``unroll`` > 1 trains on
   the drafter's own features for that many steps (EAGLE-3's training-time test), step s weighted
-  ``step_decay ** (s - 1)``.
+  ``step_decay ** (s - 1)``.  ``matmul_dtype`` bfloat16: the drafter's products in bfloat16 with float32 sums
+  (``eagle_train.train_forward``; parameters and optimizer stay float32).  ``parallel`` K >= 2: a parallel
+  drafter (all K draft positions in one forward, ``speculative/eagle_parallel.py``), trained with unroll K.
   """
   from specjax.speculative import eagle
   from specjax.training import eagle_train
 
   if features not in ("final", "fused"):
     raise SpecjaxError(f"features must be 'final' or 'fused', got '{features}'")
+  if parallel and unroll != parallel:
+    _log(f"a parallel drafter of {parallel} positions trains all of them: unroll {unroll} -> {parallel}")
+    unroll = parallel
   try:
-    lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay)
-    ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab)
+    lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay,
+                                  matmul_dtype=matmul_dtype)
+    ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab, parallel)
   except ValueError as e:
     raise SpecjaxError(str(e)) from e
   store = eagle_train.FeatureData(data_dir)
@@ -190,7 +199,7 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
 
   settings = dict(kind="eagle", model=model_name or cfg.name, data_dir=str(data_dir), features=features,
                   feature_layers=list(ecfg.feature_layers), reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls,
-                  w_reg=w_reg, unroll=unroll, step_decay=step_decay)
+                  w_reg=w_reg, unroll=unroll, step_decay=step_decay, matmul_dtype=matmul_dtype, parallel=parallel)
   fingerprint = {"drafter": "eagle", "target": model_name or cfg.name, **ecfg.to_dict(), "loss": lcfg.kind,
                  "unroll": unroll}
   res = _fit(loss_of, params0, frozen, store, store.features_for(ecfg), run_dir=run_dir, resume=resume,

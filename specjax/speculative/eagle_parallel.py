@@ -1,0 +1,113 @@
+"""Parallel drafting (P-EAGLE style): a feature drafter that proposes K positions in one forward.
+
+The sequential feature drafter (``eagle.py``) runs one forward per tree depth, each at the latency floor.
+This one runs a single forward over
+
+    [the pending tokens c..L (with the target's features; the last is the root ``last`` at position L),
+     placeholder_1 .. placeholder_{K-1} at positions L+1 .. L+K-1]
+
+where each placeholder is a learned input vector (no token, no feature).  Attention is causal: a placeholder
+sees the drafter's cache, the fed pending tokens and the placeholders before it.  The root's output is the
+distribution of the token at depth 1; placeholder j's output that of depth j + 1.  None of them depends on
+which tokens were drafted above it, so:
+
+  chain:K          top-1 (greedy) or a draw (sampling) at each depth;
+  static trees     every node at depth d gets its children from the depth-(d+1) distribution;
+  dynamic:N        EAGLE-2's best-N expansion by cumulative log-probability, over those distributions.
+
+Lossless sampling holds as for any drafter: each node's children are drawn from the distribution recorded as
+its q.  The training forward is ``eagle_train.train_forward`` with the placeholders at steps 2..K
+(``tests/test_eagle_parallel.py`` pins the two together).
+
+The state is the sequential drafter's (``EagleState``): the placeholders' KV entries land after the committed
+length and the next propose overwrites them with the accepted tokens, fed with their target features.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax import decode, model as model_lib
+from specjax.speculative.drafters import NoDrafter
+from specjax.speculative.eagle import EagleDrafter, EagleState, input_proj, target_feature, to_target_vocab
+
+
+class _Drafted:
+  """What a parallel drafter's "cache" is inside one propose: the real cache and the per-depth logits of
+  the one forward, so the tree builders shared with ``ModelDrafter`` read depth d's distribution where a
+  sequential drafter would run a forward."""
+
+  def __init__(self, cache, logits_BxKxV):
+    self.cache, self.logits_BxKxV = cache, logits_BxKxV
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelEagleDrafter(EagleDrafter):
+  """``max_depth`` = K, the positions one forward drafts (the trained placeholders + 1)."""
+  name: str = "eagle-parallel"
+
+  def forwards(self, shape) -> int:
+    return 1 if shape.num_nodes else 0
+
+  def draft_positions(self, params, state: EagleState, seq_BxS, lengths_B, depth: int):
+    """The one forward: (logits of depths 1..depth [B, depth, V] over the target's vocabulary, the cache with
+    lengths = lengths_B: entries before it final, the root's entry at lengths_B kept by ``commit``)."""
+    cache = state.cache
+    c = cache.lengths
+    B, S = seq_BxS.shape
+    R, P = self.pending, depth - 1
+    i_R = jnp.arange(R, dtype=jnp.int32)
+    pos_pend = c[:, None] + i_R[None, :]
+    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos_pend, S - 1), axis=1)
+    backends = model_lib.backends_of(self.cfg)
+    x_pend = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF), backends)
+    root_B = lengths_B - c                                       # the root's index among the pending rows
+    j_P = jnp.arange(1, P + 1, dtype=jnp.int32)
+    x_ph = jnp.broadcast_to(params["placeholders"][:P].astype(x_pend.dtype), (B, P, x_pend.shape[-1]))
+    x = jnp.concatenate([x_pend, x_ph], axis=1)                                     # [B, R + P, D]
+    pos = jnp.concatenate([pos_pend, lengths_B[:, None] + j_P[None, :]], axis=1)
+    toks = jnp.concatenate([tokens, jnp.zeros((B, P), jnp.int32)], axis=1)
+    # Slots after c: pending i at i (past the root: dropped, so nothing collides), placeholder j at root + j.
+    slots = jnp.concatenate([jnp.where(i_R[None, :] <= root_B[:, None], i_R[None, :], S),
+                             root_B[:, None] + j_P[None, :]], axis=1)
+    U = R + P
+    sees_upto = jnp.concatenate([jnp.broadcast_to(i_R[None, :], (B, R)), root_B[:, None] + j_P[None, :]], axis=1)
+    mask = jnp.arange(U)[None, None, :] <= sees_upto[:, :, None]                    # [B, R + P, U]
+    out = decode.windowed_forward(params, self.cfg, toks, pos, cache, buckets=self.buckets,
+                                  region_mask_BxTxU=mask, slots_BxT=slots, inputs_embeds_BxTxD=x,
+                                  head_index_B=root_B, feature_layers=())
+    # The head on the root's row (the forward's) and on the placeholders' rows (their final hidden states).
+    ph_logits = model_lib.lm_head(params, self.cfg, out.features[:, R:]) if P else out.logits[:, :0]
+    logits = jnp.concatenate([out.logits, ph_logits], axis=1)
+    return to_target_vocab(params, self.ecfg, logits), out.cache.with_lengths(lengths_B)
+
+  # The hooks of ModelDrafter.propose / _propose_dynamic: depth d's children come from the one forward.
+
+  def _root(self, params, asked: "_Asked", seq_BxS, lengths_B, last_B):
+    logits, cache = self.draft_positions(params, asked.state, seq_BxS, lengths_B, asked.depth)
+    return logits[:, 0], None, _Drafted(cache, logits)
+
+  def _extend(self, params, drafted: _Drafted, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
+    W = tokens_BxW.shape[1]
+    lg = drafted.logits_BxKxV[:, depth]
+    return jnp.broadcast_to(lg[:, None], (lg.shape[0], W, lg.shape[-1])), None, drafted
+
+  def _with_cache(self, asked: "_Asked", drafted: _Drafted):
+    return asked.state.replace(cache=drafted.cache)
+
+  def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):
+    if shape.num_nodes == 0:
+      return NoDrafter().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
+    if shape.max_depth > self.max_depth:
+      raise ValueError(f"parallel drafter trained for {self.max_depth} positions, tree has depth {shape.max_depth}")
+    return super().propose(draft_params, _Asked(state, shape.max_depth), seq_BxS, lengths_B, last_B, shape, key,
+                           sp)
+
+
+class _Asked:
+  """The state handed through the shared tree builders, with the depth this propose drafts."""
+
+  def __init__(self, state: EagleState, depth: int):
+    self.state, self.depth = state, depth
