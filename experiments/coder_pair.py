@@ -10,6 +10,9 @@ Methods (each a row; ``group`` and ``x`` place it in the plots):
   layerskip k          the target's own first layers as the draft
   hybrid chain k       prompt lookup where the last ``hybrid_match`` tokens occurred before, the 0.5B elsewhere
                        (``speculative.hybrid``)
+  LABEL chain k / LABEL dynamic N   each trained feature drafter in ``heads`` ({label: directory}, e.g. the
+                       sequential head of configs/eagle_qwen_coder.gin and its parallel twin) as a chain of each
+                       of ``head_ks`` (a parallel head: those within its positions) and as each of ``head_trees``
 
 Beside each chain's measured speedup stands the cost model's prediction (``costmodel.predicted_speedup`` on
 this machine's calibration, ``specjax calibrate``, with the measured per-position acceptance and the draft's
@@ -26,7 +29,7 @@ from experiments.common import pick_prompts, setup
 def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budgets=(), dynamic_top_k: int = 2,
                  dynamic_depth: int = 8, ngram_ks=(), ngram_trees=(), ngram_caps=api.DEFAULT_NGRAM_CAPS,
                  layerskip_ks=(), draft_layers=None, acceptance=None, hybrid_ks=(),
-                 hybrid_match: int = 3) -> list[tuple[str, int, dict]]:
+                 hybrid_match: int = 3, heads=None, head_ks=(), head_trees=()) -> list[tuple[str, int, dict]]:
   """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison."""
   out: list[tuple[str, int, dict]] = [("model chain", k, {"drafter": "model", "k": k}) for k in ks]
   if sequoia_budgets and acceptance is None:
@@ -41,6 +44,14 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
     out.append(("ngram trie", n, {"drafter": "ngram", "tree": tree, "ngram_caps": ngram_caps}))
   out += [("layerskip", k, {"drafter": "layerskip", "k": k, "draft_layers": draft_layers}) for k in layerskip_ks]
   out += [("hybrid chain", k, {"drafter": "hybrid", "k": k, "ngram": hybrid_match}) for k in hybrid_ks]
+  for label, path in (heads or {}).items():
+    from specjax.checkpoints import drafter_io
+    positions = int(drafter_io.read_config(path).get("parallel_positions", 0))
+    out += [(f"{label} chain", k, {"drafter": "eagle", "k": k, "draft": path})
+            for k in head_ks if not positions or k <= positions]
+    for tree in head_trees:
+      n = api.resolve_tree(tree, drafter="eagle", max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
+      out.append((f"{label} {tree.split(':')[0]}", n, {"drafter": "eagle", "tree": tree, "draft": path}))
   return out
 
 
@@ -75,7 +86,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                dynamic_top_k: int = 2, dynamic_depth: int = 8, acceptance_ranks: int = 4,
                acceptance_depths: int = 4, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",),
                ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, hybrid_ks=(5, 7),
-               hybrid_match: int = 3, device: str | None = None,
+               hybrid_match: int = 3, heads=None, head_ks=(3, 4, 5, 6), head_trees=(), device: str | None = None,
                repeats: int = 1, log=print) -> dict:
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
@@ -92,7 +103,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                                      depths=acceptance_depths, max_new_tokens=max_new_tokens, max_len=max_len)
   acc = measured.get("acceptance_table", measured["acceptance_vector"]) if measured else None
   methods = method_specs(ks, sequoia_budgets, dynamic_budgets, dynamic_top_k, dynamic_depth, ngram_ks,
-                         ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match)
+                         ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match,
+                         heads=dict(heads or {}), head_ks=head_ks, head_trees=head_trees)
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)
@@ -102,8 +114,12 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   context = int(ar["kv_bytes_live_mean"] / bench.kv_bytes_per_token(m))
   rows = [{"group": "plain", "x": 0, "method": "autoregressive", "k": 0, "mean_accepted_length": 1.0,
            "speedup": 1.0, "tokens_per_s": ar["ar_tokens_per_s"]}]
+  head_groups = tuple(f"{label} " for label in dict(heads or {}))
   for (group, x, _), r in zip(methods, results):
-    rows.append(_row(group, x, r, cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg)))
+    # (the cost model prices a head as a one-layer model over the full vocabulary, one forward per token:
+    # neither a reduced head nor a parallel one; their rows carry only the measured speedup)
+    cm = None if group.startswith(head_groups) else cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg)
+    rows.append(_row(group, x, r, cm))
   spec_rows = rows[1:]
   best = max(spec_rows, key=lambda r: r["speedup"])
   best_by_group = {g: max((r for r in spec_rows if r["group"] == g), key=lambda r: r["speedup"])["method"]

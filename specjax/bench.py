@@ -271,7 +271,8 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
             draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
             log=print, timer: Timer | None = None) -> tuple[dict, list[dict]]:
   """Plain decoding and each speculative setting in ``specs`` (``speculative_method`` keyword dicts, e.g.
-  ``{"drafter": "ngram", "k": 5}`` or ``{"drafter": "ngram", "tree": "branch:2,2"}``) on the same batches,
+  ``{"drafter": "ngram", "k": 5}``, ``{"drafter": "ngram", "tree": "branch:2,2"}`` or, with its own
+  ``draft``, ``{"drafter": "eagle", "k": 5, "draft": DIR}``) on the same batches,
   interleaved prompt by prompt (``paired``), ``repeats`` times; the read bandwidth probed before and after.
 
   Returns (autoregressive results with the roofline, one result dict per spec): totals as before (tokens/s
@@ -280,7 +281,7 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   timer = timer or Timer(log)
   batch_size = batches[0][0].shape[0]
   methods = [autoregressive_method(m, eos_ids, max_len, batch_size)] + [   # each refused if it cannot fit
-      speculative_method(m, eos_ids, max_len, draft=draft, batch_size=batch_size, **sp) for sp in specs]
+      speculative_method(m, eos_ids, max_len, batch_size=batch_size, **{"draft": draft, **sp}) for sp in specs]
   bw_before = bandwidth
   if bw_before is None:
     log("[bench] measuring read bandwidth (before decoding)")

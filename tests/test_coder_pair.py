@@ -304,6 +304,24 @@ def test_coder_pair_method_grid():
     cp.method_specs(sequoia_budgets=(8,))
 
 
+def test_trained_heads_join_the_comparison(tmp_path):
+  """Each trained head in ``heads`` adds its chains (a parallel head's within its positions) and trees."""
+  import json
+  from experiments import coder_pair as cp
+  from specjax.checkpoints import drafter_io
+  heads = {}
+  for label, positions in (("seq", 0), ("par", 3)):
+    d = tmp_path / label
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"specjax_drafter": drafter_io.HEAD_FORMAT, "parallel_positions":
+                                               positions, "format_version": drafter_io.FORMAT_VERSION}))
+    heads[label] = str(d)
+  specs = cp.method_specs(ks=(), heads=heads, head_ks=(2, 5), head_trees=("dynamic:8:2:3",))
+  assert [(g, x) for g, x, _ in specs] == [("seq chain", 2), ("seq chain", 5), ("seq dynamic", 8),
+                                           ("par chain", 2), ("par dynamic", 8)]
+  assert specs[3][2] == {"drafter": "eagle", "k": 2, "draft": heads["par"]}
+
+
 def test_hybrid_drafter_through_the_api(tmp_path, monkeypatch):
   """``drafter="hybrid"`` takes the draft like ``model`` (given or the registry's), is greedy-exact, and
   refuses a tree in one line."""
