@@ -329,7 +329,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
       max(lengths) + T (a ``lax.switch``: every bucket compiled once, chosen by data), so a step at a short
       context does not pay for the empty end of a long buffer and nothing recompiles as sequences grow.
     head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
-      prompt position): logits and hidden are then [B, 1, ...].
+      prompt position): logits and hidden are then [B, 1, ...]; or at J indices per sequence ([B, J]: a
+      parallel drafter's draft rows), [B, J, ...].
     live_T: optional traced count ≤ T, or one count per sequence [B]: only each sequence's first live_T new
       tokens matter (a verification whose later draft slots are empty this step; 0 for a finished sequence).  The native CPU kernels skip the others, so the step
       costs what live_T tokens cost; their logits are zero (XLA paths compute and zero them) and their KV
@@ -420,8 +421,9 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   if feature_layers is not None:
     features = (jnp.concatenate(tapped, axis=-1) if taps
                 else rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps))
-  if head_index_B is not None:
-    x_BxTxD = jnp.take_along_axis(x_BxTxD, head_index_B[:, None, None], axis=1)
+  if head_index_B is not None:         # one row per sequence [B], or several [B, J]
+    rows_BxJ = head_index_B if head_index_B.ndim == 2 else head_index_B[:, None]
+    x_BxTxD = jnp.take_along_axis(x_BxTxD, rows_BxJ[:, :, None], axis=1)
   hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
   logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T, backends)
   return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T), features)

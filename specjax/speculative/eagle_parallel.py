@@ -20,7 +20,9 @@ its q.  The training forward is ``eagle_train.train_forward`` with the placehold
 (``tests/test_eagle_parallel.py`` pins the two together).
 
 The state is the sequential drafter's (``EagleState``): the placeholders' KV entries land after the committed
-length and the next propose overwrites them with the accepted tokens, fed with their target features.
+length and the next propose overwrites them with the accepted tokens, fed with their target features.  The
+forward's rows are contiguous (pending tokens, then the placeholders right after the root, then dead rows),
+so it is a plain causal forward with per-sequence live rows.
 """
 from __future__ import annotations
 
@@ -53,34 +55,32 @@ class ParallelEagleDrafter(EagleDrafter):
 
   def draft_positions(self, params, state: EagleState, seq_BxS, lengths_B, depth: int):
     """The one forward: (logits of depths 1..depth [B, depth, V] over the target's vocabulary, the cache with
-    lengths = lengths_B: entries before it final, the root's entry at lengths_B kept by ``commit``)."""
+    lengths = lengths_B: entries before it final, the root's entry at lengths_B kept by ``commit``).
+
+    Row i of the forward sits at position c + i: the pending tokens up to the root (i <= root), then the
+    placeholders (root < i <= root + depth - 1), then dead rows — a plain causal forward whose live rows
+    per sequence are root + depth (the native CPU kernels skip the rest)."""
     cache = state.cache
     c = cache.lengths
     B, S = seq_BxS.shape
     R, P = self.pending, depth - 1
-    i_R = jnp.arange(R, dtype=jnp.int32)
-    pos_pend = c[:, None] + i_R[None, :]
-    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos_pend, S - 1), axis=1)
+    T = R + P
+    i_T = jnp.arange(T, dtype=jnp.int32)
+    pos = c[:, None] + i_T[None, :]
+    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos[:, :R], S - 1), axis=1)
     backends = model_lib.backends_of(self.cfg)
     x_pend = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF), backends)
-    root_B = lengths_B - c                                       # the root's index among the pending rows
-    j_P = jnp.arange(1, P + 1, dtype=jnp.int32)
-    x_ph = jnp.broadcast_to(params["placeholders"][:P].astype(x_pend.dtype), (B, P, x_pend.shape[-1]))
-    x = jnp.concatenate([x_pend, x_ph], axis=1)                                     # [B, R + P, D]
-    pos = jnp.concatenate([pos_pend, lengths_B[:, None] + j_P[None, :]], axis=1)
-    toks = jnp.concatenate([tokens, jnp.zeros((B, P), jnp.int32)], axis=1)
-    # Slots after c: pending i at i (past the root: dropped, so nothing collides), placeholder j at root + j.
-    slots = jnp.concatenate([jnp.where(i_R[None, :] <= root_B[:, None], i_R[None, :], S),
-                             root_B[:, None] + j_P[None, :]], axis=1)
-    U = R + P
-    sees_upto = jnp.concatenate([jnp.broadcast_to(i_R[None, :], (B, R)), root_B[:, None] + j_P[None, :]], axis=1)
-    mask = jnp.arange(U)[None, None, :] <= sees_upto[:, :, None]                    # [B, R + P, U]
+    root_B = lengths_B - c                                       # the root's row
+    j = i_T[None, :] - root_B[:, None]                           # 1..P: placeholder j
+    ph = params["placeholders"][:max(P, 1)].astype(x_pend.dtype)
+    x_ph = jnp.take(ph, jnp.clip(j - 1, 0, max(P, 1) - 1), axis=0)                  # [B, T, D]
+    x_pend = jnp.pad(x_pend, ((0, 0), (0, P), (0, 0)))
+    x = jnp.where((j <= 0)[..., None], x_pend, jnp.where(((j >= 1) & (j <= P))[..., None], x_ph, 0.0))
+    toks = jnp.pad(tokens, ((0, 0), (0, P)))
+    rows = root_B[:, None] + jnp.arange(depth, dtype=jnp.int32)[None, :]          # the root, the placeholders
     out = decode.windowed_forward(params, self.cfg, toks, pos, cache, buckets=self.buckets,
-                                  region_mask_BxTxU=mask, slots_BxT=slots, inputs_embeds_BxTxD=x,
-                                  head_index_B=root_B, feature_layers=())
-    # The head on the root's row (the forward's) and on the placeholders' rows (their final hidden states).
-    ph_logits = model_lib.lm_head(params, self.cfg, out.features[:, R:]) if P else out.logits[:, :0]
-    logits = jnp.concatenate([out.logits, ph_logits], axis=1)
+                                  live_T=root_B + depth, inputs_embeds_BxTxD=x, head_index_B=rows)
+    logits = out.logits                                                              # [B, depth, Vr]
     return to_target_vocab(params, self.ecfg, logits), out.cache.with_lengths(lengths_B)
 
   # The hooks of ModelDrafter.propose / _propose_dynamic: depth d's children come from the one forward.

@@ -1,0 +1,106 @@
+"""What one speculative step's drafting costs, per drafter, on this machine: the sequential feature head
+(one forward per depth), the parallel head (one forward for all K positions) and, for scale, the target's own
+one-token step.
+
+  python scripts/draft_cost.py [--model qwen2.5-coder-1.5b] [--k 4] [--vocab 32768] [--context 384] [--json]
+
+Heads with random weights of the target's shape (a trained head costs the same): fused low/middle/high
+features, a reduced head of ``--vocab`` rows.  Timed inside jit, batch 1, after one accepted token (the
+steady state: two pending tokens fed first), median of ``--reps``:
+
+  sequential_step_ms      one depth of the sequential head (a one-token forward: what a chain pays k times)
+  sequential_chain_ms     its whole chain:K propose (the root forward with the pending tokens, then K - 1 depths)
+  parallel_chain_ms       the parallel head's chain:K propose (one forward over pending + K - 1 placeholders)
+  target_step_ms          the target's plain decoding step at the same context
+
+The issue's bar: the parallel chain:4 costs at most 1.5x one sequential step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import model as model_lib, provenance, sampling
+from specjax.speculative import eagle, tree_shapes
+from specjax.speculative.eagle_parallel import ParallelEagleDrafter
+
+
+def _median_ms(fn, reps: int) -> float:
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return statistics.median(times) * 1e3
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+  ap.add_argument("--k", type=int, default=4)
+  ap.add_argument("--vocab", type=int, default=32768, help="reduced head rows (0: the full vocabulary)")
+  ap.add_argument("--context", type=int, default=384)
+  ap.add_argument("--reps", type=int, default=15)
+  ap.add_argument("--json", action="store_true")
+  args = ap.parse_args()
+  from specjax import api, buffers
+  from specjax.kv_cache import init_cache
+  from specjax.speculative import Engine, NoDrafter
+  from specjax.training.data import default_fused_layers
+  m = api.load(args.model)
+  cfg = m.cfg
+  K, P = args.k, args.context
+  max_len = buffers.buffer_length(P, 256, K)
+  buckets = buffers.kv_buckets(max_len)
+  rng = np.random.default_rng(0)
+  prompt = jnp.asarray(rng.integers(100, 5000, (1, P)), jnp.int32)
+  lens = jnp.array([P], jnp.int32)
+  seq = jnp.zeros((1, max_len), jnp.int32).at[:, :P + 2].set(jnp.asarray(rng.integers(100, 5000, (1, P + 2))))
+  sp = sampling.SamplingParams()
+  key = jax.random.PRNGKey(0)
+  out = {"model": args.model, "k": K, "vocab": args.vocab or cfg.vocab_size, "context": P}
+  for parallel in (0, K):
+    ecfg = eagle.EagleConfig(cfg, default_fused_layers(cfg.num_layers), args.vocab, parallel)
+    tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(1))
+    head_ids = np.sort(rng.choice(cfg.vocab_size, ecfg.head_size, replace=False)) if ecfg.reduced else None
+    params = model_lib.unstack_layers({**tr, **eagle.frozen_from_target(ecfg, m.params, head_ids)})
+    cls = ParallelEagleDrafter if parallel else eagle.EagleDrafter
+    d = cls(ecfg.layer_cfg.replace(backends=cfg.backends), buckets=buckets, ecfg=ecfg, max_depth=K)
+    feats = jnp.asarray(rng.normal(size=(1, P, ecfg.feature_dim)), jnp.float32)
+    st = d.init(params, prompt, lens, max_len, feats)
+    # the steady state: one draft accepted last step, so two tokens (P, P+1) are fed before drafting
+    st = d.commit(st, lens, None, lens + 1, jnp.asarray(rng.normal(size=(1, K + 1, ecfg.feature_dim)),
+                                                         jnp.float32))
+    lengths = lens + 1
+    propose = jax.jit(lambda p, s: d.propose(p, s, seq, lengths, seq[:, P + 1], tree_shapes.chain(K), key,
+                                             sp)[1].tokens_BxN1)
+    name = "parallel" if parallel else "sequential"
+    out[f"{name}_chain_ms"] = _median_ms(lambda: propose(params, st), args.reps)
+    if not parallel:          # one depth: a one-token forward on top of the cache (what each later depth pays)
+      ext = jax.jit(lambda p, c: d._extend(p, c, seq[:, P + 1:P + 2], 1, jnp.ones((1, 1), jnp.int32),
+                                           jnp.ones((1, 1, 2), bool), jnp.zeros((1, 1, cfg.d_model)))[0])
+      out["sequential_step_ms"] = _median_ms(lambda: ext(params, st.cache.with_lengths(lengths)), args.reps)
+  eng = Engine(cfg=cfg, drafter=NoDrafter(), k_max=0, sp=sp, buckets=buckets)
+  from specjax.speculative import engine as engine_lib
+  state = engine_lib.init_jit(eng, m.prefill_params, (), init_cache(cfg, 1, max_len, m.dtype), prompt, lens,
+                              jnp.array([10_000], jnp.int32), key)
+  step = jax.jit(lambda p, s: engine_lib.spec_step(eng, p, (), s, jnp.zeros((1,), jnp.int32)).last_B)
+  out["target_step_ms"] = _median_ms(lambda: step(m.exec_params, state), args.reps)
+  out["parallel_chain_over_sequential_step"] = out["parallel_chain_ms"] / out["sequential_step_ms"]
+  out["machine"] = provenance.describe()
+  if args.json:
+    print(json.dumps(out, indent=1))
+  else:
+    for key_, v in out.items():
+      if key_ != "machine":
+        print(f"{key_:>40}: {v:.3f}" if isinstance(v, float) else f"{key_:>40}: {v}")
+
+if __name__ == "__main__":
+  main()
