@@ -121,3 +121,18 @@ def test_recorded_store_equals_the_teacher_forced_store(tmp_path):
   pred = sa.predicted_positions()
   np.testing.assert_array_equal(np.asarray(sa.topk_ids)[pred, 0], np.asarray(sb.topk_ids)[pred, 0])
   assert np.all(eagle_train.token_counts(sa, m.cfg.vocab_size) == eagle_train.token_counts(sb, m.cfg.vocab_size))
+
+
+def test_a_token_budget_stops_the_replies_after_the_batch_that_reaches_it(tmp_path):
+  from specjax.training import data as data_lib
+  m = _tiny_model(tmp_path)
+  prompts = [{"id": f"p{i}", "prompt": f"word {i} " * (i + 1)} for i in range(6)]
+  d = tmp_path / "budget"
+  data_lib.generate_responses(m, prompts, d, max_new_tokens=5, batch_size=2, chunk=2, max_len=64,
+                                 token_budget=1)
+  assert len(data_lib.read_responses(d / data_lib.RESPONSES)) == 2          # one batch reached it
+  data_lib.generate_responses(m, prompts, d, max_new_tokens=5, batch_size=2, chunk=2, max_len=64,
+                                 token_budget=1)
+  assert len(data_lib.read_responses(d / data_lib.RESPONSES)) == 2          # a resumed run stops at once
+  data_lib.generate_responses(m, prompts, d, max_new_tokens=5, batch_size=2, max_len=64)
+  assert len(data_lib.read_responses(d / data_lib.RESPONSES)) == 6

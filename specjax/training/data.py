@@ -52,14 +52,17 @@ def read_responses(path: Path) -> list[dict]:
 
 def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_new_tokens: int = 256,
                        batch_size: int = 16, temperature: float = 0.0, seed: int = 0, max_len: int = 512,
-                       chunk: int | None = None, capture=None) -> Path:
+                       chunk: int | None = None, capture=None, token_budget: int | None = None) -> Path:
   """Stage 1: the target's replies to ``prompts`` (``{"id", "prompt", ...}``) appended to responses.jsonl.
 
   ``capture`` (``speculative.Record``): also keep what the decode computed — the tapped features and the
   top-k at every position — one shard per batch in ``captured/`` (each line names its shard and row), so that
   ``compute_features`` assembles the store instead of running the target again.  A shard is renamed into
   place before its lines are appended; a kill between the two leaves an unreferenced shard, removed on
-  resume."""
+  resume.
+
+  ``token_budget``: stop after the batch whose replies bring this call's prompts to that many reply tokens
+  (the prompts are answered in random chunks, so the replies made are a fair sample of all of them)."""
   from specjax import api
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,6 +78,8 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
     shards = _CaptureShards(out_dir, capture, m.cfg, {r["shard"] for r in done if "shard" in r})
     chunk = batch_size                               # one shard per batch: a kill loses at most one batch
   todo = [p for p in prompts if p["id"] not in done_ids]
+  asked = {p["id"] for p in prompts}
+  have_tokens = sum(len(r["response_ids"]) for r in done if r["id"] in asked)
   # Similar lengths together: fewer padding buckets, less padding.
   enc = api.encode_prompts(m, [p["prompt"] for p in todo])
   too_long = [i for i, e in enumerate(enc) if len(e) + max_new_tokens > max_len]
@@ -88,6 +93,10 @@ def generate_responses(m, prompts: Sequence[dict], out_dir: str | Path, *, max_n
   with progress_lib.progress() as bar, path.open("a", encoding="utf-8") as f:
     task = bar.add_task("target replies", total=len(prompts), completed=len(prompts) - len(todo), info="")
     for start in range(0, len(order), chunk):
+      if token_budget and have_tokens + new_tokens >= token_budget:
+        progress_lib.say(f"replies hold {have_tokens + new_tokens} tokens, the budget {token_budget}: the "
+                         f"remaining {len(order) - start} prompts are not answered")
+        break
       idx = order[start:start + chunk]
       gens, _ = api.generate(m, [todo[i]["prompt"] for i in idx], max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed + start, batch_size=batch_size,

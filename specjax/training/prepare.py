@@ -16,19 +16,21 @@ def _log(msg: str) -> None:
 
 
 def default_data_dir(model: str, num_prompts: int, max_new_tokens: int, chat_prompts: int = 0,
-                     passage_prompts: int = 0, self_prompts: int = 0, code_prompts: int = 0) -> Path:
+                     passage_prompts: int = 0, self_prompts: int = 0, code_prompts: int = 0,
+                     data_tokens: int = 0) -> Path:
   from specjax.cache_location import cache_dir
   safe = model.replace("/", "_")
   mix = (f"-c{chat_prompts}-t{passage_prompts}-s{self_prompts}" if chat_prompts or passage_prompts or self_prompts
          else "")
   mix += f"-k{code_prompts}" if code_prompts else ""
+  mix += f"-b{data_tokens}" if data_tokens else ""
   return cache_dir() / "distill" / f"{safe}-p{num_prompts}{mix}-n{max_new_tokens}"
 
 
 def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, extra_prompts: Sequence[str],
                  gen_batch_size: int, seed: int, fused_layers=None, max_len: int = 512, chat_prompts: int = 0,
                  passage_prompts: int = 0, self_prompts: int = 0, code_prompts: int = 0,
-                 record_features: bool = True) -> Path:
+                 record_features: bool = True, data_tokens: int = 0) -> Path:
   """Stages 1-2 of the data, skipped when already complete.
 
   The prompts: ``num_prompts`` short synthesized questions (``synth_prompts``), ``chat_prompts`` chat-style
@@ -38,7 +40,9 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
   target's replies, and the questions the target wrote.
 
   ``record_features``: keep the target's features and top-k while it writes the replies (``Engine.record``),
-  so the feature stage only assembles them; else a second, teacher-forced target pass computes them."""
+  so the feature stage only assembles them; else a second, teacher-forced target pass computes them.
+  ``data_tokens`` > 0: the first round stops once its replies hold that many tokens (a fair sample of its
+  prompts: they are answered in random order), so the data fits a time budget."""
   from specjax import api
   from specjax.prompts import load_prompts
   from specjax.speculative import Record
@@ -59,7 +63,7 @@ def prepare_data(m, data_dir: Path, *, num_prompts: int, max_new_tokens: int, ex
   _log(f"data: {len(prompts)} prompts -> {data_dir}")
   gen = dict(max_new_tokens=max_new_tokens, batch_size=gen_batch_size, seed=seed, max_len=max_len,
              capture=Record(taps=fused, top_k=8) if record_features else None)
-  data.generate_responses(m, prompts, data_dir, **gen)
+  data.generate_responses(m, prompts, data_dir, token_budget=data_tokens or None, **gen)
   if passage_prompts or self_prompts:
     first = {p["id"] for p in prompts}
     # The first round's replies, in id order (the file's order depends on where a killed run resumed).

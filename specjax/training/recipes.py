@@ -58,7 +58,7 @@ def _load_target(model: str, mesh: str | None):
 def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str | None = None,
                 num_prompts: int = 2400, max_new_tokens: int = 256, extra_prompts: Sequence[str] = (),
                 chat_prompts: int = 0, passage_prompts: int = 0, self_prompts: int = 0, code_prompts: int = 0,
-                record_features: bool = True, max_len: int = 512,
+                record_features: bool = True, max_len: int = 512, data_tokens: int = 0,
                 gen_batch_size: int = 32, features: str = "final", fused_layers: Sequence[int] | None = None,
                 eval_positions: int = 5, mesh: str | None = None, init_from: str | None = None,
                 data_only: bool = False, **train_kw) -> dict:
@@ -70,7 +70,7 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   middle / high).  The data directory defaults to the specjax cache (shared by every run on that data); what
   goes into it: ``num_prompts``, ``chat_prompts``, ``code_prompts``, ``passage_prompts``, ``self_prompts``
   (``prepare_data``, which records the features while the target replies unless ``record_features`` is off;
-  ``max_len``: prompt + reply positions).
+  ``max_len``: prompt + reply positions; ``data_tokens``: a budget of reply tokens for the first round).
   ``mesh`` ('DATAxMODEL'): the target (data generation, its feature pass) sharded over it, and training
   data-parallel on it (``_fit``).  ``init_from``: an exported drafter to continue from (fine-tuning on new
   data: its weights and its reduced vocabulary; its features and vocabulary size must match the settings).
@@ -88,10 +88,11 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   fused = tuple(fused_layers) if fused_layers is not None else data_lib.default_fused_layers(m.cfg.num_layers)
   ddir = (Path(data_dir).expanduser() if data_dir
           else default_data_dir(model, num_prompts, max_new_tokens, chat_prompts, passage_prompts, self_prompts,
-                                code_prompts))
+                                code_prompts, data_tokens))
   prepare_data(m, ddir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=extra_prompts,
                chat_prompts=chat_prompts, passage_prompts=passage_prompts, self_prompts=self_prompts,
                code_prompts=code_prompts, record_features=record_features, max_len=max_len,
+               data_tokens=data_tokens,
                gen_batch_size=gen_batch_size, seed=train_kw.get("seed", 0), fused_layers=fused)
   data_s = time.perf_counter() - t0
   if data_only:
