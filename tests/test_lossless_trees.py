@@ -1,7 +1,8 @@
 """Sampled trees through the engine are lossless: the joint distribution of the first three tokens equals plain
 sampling's (enumerated exactly on a micro model), also when top-k or a top-p nucleus is narrower than the tree,
 where the drafter cannot draw as many distinct children as the tree has slots (those slots are filler and
-must not be offered).  Static trees with a model drafter and with EAGLE, dynamic trees with both.  Each test
+must not be offered).  Static trees with a model drafter, with EAGLE and with the parallel drafter, dynamic
+trees with all three.  Each test
 has power: it fails on a rule without the residual update, and a static tree's test also fails on the old rule
 that offered the filler.  (A dynamic tree has no filler: its children are chosen, the top ones by cumulative
 draft log-probability, not drawn; each is a point mass accepted with the residual's probability of its token,
@@ -114,6 +115,30 @@ def test_a_dynamic_model_drafter_tree_is_lossless(pair, monkeypatch):
 
 def test_a_dynamic_eagle_tree_is_lossless(eagle_pair, monkeypatch):
   _check(*eagle_pair, SETTINGS[1], DYNAMIC, _eagle_drafter, monkeypatch)
+
+
+ECFG_PAR = eagle.EagleConfig(MICRO, parallel=2)    # a parallel drafter: both depths from one forward
+
+
+@pytest.fixture(scope="module")
+def parallel_pair(pair):
+  """The target and an untrained parallel drafter whose head is sharpened 6x, like ``eagle_pair``."""
+  target, _ = pair
+  dp = {**eagle.init_trainable(ECFG_PAR, jax.random.PRNGKey(0)), **eagle.frozen_from_target(ECFG_PAR, target)}
+  return target, {**dp, "lm_head": dp["lm_head"] * 6}
+
+
+def _parallel_drafter(name="eagle-parallel"):
+  from specjax.speculative.eagle_parallel import ParallelEagleDrafter
+  return ParallelEagleDrafter(ECFG_PAR.layer_cfg, ecfg=ECFG_PAR, max_depth=2, name=name)
+
+
+def test_a_parallel_drafter_tree_wider_than_the_nucleus_is_lossless(parallel_pair, monkeypatch):
+  _check(*parallel_pair, SETTINGS[1], tree_shapes.branching([3, 2]), _parallel_drafter, monkeypatch)
+
+
+def test_a_dynamic_parallel_drafter_tree_is_lossless(parallel_pair, monkeypatch):
+  _check(*parallel_pair, SETTINGS[0], DYNAMIC, _parallel_drafter, monkeypatch)
 
 
 def test_filler_children_are_marked_undrawn():
