@@ -112,6 +112,9 @@ def cmd_train(args) -> int:
   summary = runner.train_from_files(args.config, args.gin_binding, args.run_dir, args.resume, args.mesh)
 
   def human(s):
+    if "drafter" not in s:           # data_only: the data is made, nothing trained yet
+      print(f"data: {s['data_dir']}  ({s['sequences']} sequences, {s['data_tokens']} tokens, {s['data_s']:.0f}s)")
+      return
     print(f"drafter: {s['drafter']}  (train {s['train_s']:.0f}s, {s['steps']} steps, "
           f"{s['data_tokens']} tokens of data)")
     if "tvd_acceptance_by_position" in s:
