@@ -94,11 +94,18 @@ class FeatureData:
     return np.sort(order[k:]), np.sort(order[:k])
 
 
-def token_counts(data: FeatureData, vocab_size: int) -> np.ndarray:
-  """How often each target token is the target's first choice or a response token (for a reduced vocab)."""
-  first = np.asarray(data.topk_ids[:, 0])[data.predicted_positions()]
+def token_counts(data: FeatureData, vocab_size: int, sequences=None) -> np.ndarray:
+  """How often each target token is the target's first choice or a response token (for a reduced vocab),
+  over ``sequences`` (indices; default all: pass the training split, so a held-out score is not flattered)."""
+  keep = np.ones(len(data.tokens), bool)
+  if sequences is not None:
+    keep[:] = False
+    offsets = np.asarray(data.offsets)
+    for s in sequences:
+      keep[offsets[s]:offsets[s + 1]] = True
+  first = np.asarray(data.topk_ids[:, 0])[data.predicted_positions() & keep]
   counts = np.bincount(first, minlength=vocab_size).astype(np.int64)
-  return counts + np.bincount(np.asarray(data.tokens), minlength=vocab_size)
+  return counts + np.bincount(np.asarray(data.tokens)[keep], minlength=vocab_size)
 
 
 def reduced_vocabulary(counts: np.ndarray, size: int, always=()) -> np.ndarray:

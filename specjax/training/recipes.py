@@ -137,14 +137,16 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
   return summary
 
 
-def _reduced_head(store, cfg, size: int):
-  """(head_ids [size]: the target tokens most frequent on the stored data, sorted; t2d [V]: target id ->
-  row, -1 outside) for a reduced draft vocabulary."""
+def _reduced_head(store, cfg, size: int, train_idx=None):
+  """(head_ids [size]: the target tokens most frequent on the training sequences ``train_idx`` (default all),
+  sorted; t2d [V]: target id -> row, -1 outside) for a reduced draft vocabulary."""
   from specjax.training import eagle_train
-  counts = eagle_train.token_counts(store, cfg.vocab_size)
+  counts = eagle_train.token_counts(store, cfg.vocab_size, train_idx)
   head_ids = eagle_train.reduced_vocabulary(counts, size, always=cfg.eos_token_ids)
-  covered = float(np.isin(np.asarray(store.topk_ids[:, 0])[store.predicted_positions()], head_ids).mean())
-  _log(f"reduced vocabulary: {size} tokens cover {covered:.4f} of the target's first choices")
+  pred = store.predicted_positions()
+  covered = float(np.isin(np.asarray(store.topk_ids[:, 0])[pred], head_ids).mean())
+  _log(f"reduced vocabulary: {size} tokens (chosen on the training split) cover {covered:.4f} of the target's "
+       "first choices on all the data")
   return head_ids, _t2d(head_ids, cfg.vocab_size)
 
 
@@ -187,7 +189,9 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   if init is not None and ecfg.reduced:
     head_ids, t2d = init[1], _t2d(init[1], cfg.vocab_size)
   else:
-    head_ids, t2d = _reduced_head(store, cfg, reduced_vocab) if ecfg.reduced else (None, None)
+    # the vocabulary from the sequences training will see (the held-out split is _fit's, same seed)
+    train_idx, _ = store.split(fit_kw.get("held_out", 0.02), fit_kw.get("seed", 0))
+    head_ids, t2d = _reduced_head(store, cfg, reduced_vocab, train_idx) if ecfg.reduced else (None, None)
   frozen = {**eagle.frozen_from_target(ecfg, target_params, head_ids), "t2d": t2d}
   seed = fit_kw.get("seed", 0)
   # (a copy of ``init``: the train step donates its state)
@@ -338,7 +342,8 @@ def train_draft_model(*, run_dir: str, resume: bool = False, model: str = "smoll
   if not 0 <= reduced_vocab <= m.cfg.vocab_size:
     raise SpecjaxError(f"reduced_vocab={reduced_vocab}: use 1..{m.cfg.vocab_size} tokens, or 0 for all")
   reduced = 0 < reduced_vocab < m.cfg.vocab_size
-  head_ids, t2d = _reduced_head(store, m.cfg, reduced_vocab) if reduced else (None, None)
+  train_idx, _ = store.split(fit_kw.get("held_out", 0.02), fit_kw.get("seed", 0))
+  head_ids, t2d = _reduced_head(store, m.cfg, reduced_vocab, train_idx) if reduced else (None, None)
   dcfg = draft_model.draft_config(m.cfg, layers, reduced)
   trainable, frozen = draft_model.split(draft_model.init_from_target(m.params, layers, head_ids),
                                         freeze_embeddings)
