@@ -192,20 +192,9 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
     progress_lib.say(f"the replies' recorded features tap layers {info['taps']} (top-{info['top_k']}), the store "
                      f"asks for {list(fused)} (top-{top_k}): running the target over the data instead")
   seqs = [r["prompt_ids"] + r["response_ids"] for r in records]
-  lens = np.array([len(s) for s in seqs], np.int64)
-  offsets = np.concatenate([[0], np.cumsum(lens)])
-  T_all, D = int(offsets[-1]), cfg.d_model
-  tmp = data_dir / (FEATURES + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  mm = lambda name, dtype, shape: np.lib.format.open_memmap(tmp / name, "w+", dtype, shape)
-  tokens = mm("tokens.npy", np.int32, (T_all,))
-  final = mm("final.npy", np.float16, (T_all, D))
-  fusedf = mm("fused.npy", np.float16, (T_all, D * len(fused)))
-  top_ids = mm("topk_ids.npy", np.int32, (T_all, top_k))
-  top_lp = mm("topk_logp.npy", np.float16, (T_all, top_k))
-  np.save(tmp / "offsets.npy", offsets)
-  np.save(tmp / "prompt_lens.npy", np.array([len(r["prompt_ids"]) for r in records], np.int32))
+  store = _NewStore(data_dir, records, cfg.d_model, fused, top_k)
+  lens, offsets = store.lens, store.offsets
+  tokens, final, fusedf, top_ids, top_lp = store.arrays
 
   @jax.jit
   def run(params, toks_BxT):
@@ -240,17 +229,7 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   if biggest > 6e4:
     raise SpecjaxError(f"a feature reaches {biggest:.3g}, beyond float16: this target needs another storage "
                        "dtype")
-  for arr in (tokens, final, fusedf, top_ids, top_lp):
-    arr.flush()
-  meta = {"target": m.source, "target_config": cfg.name, "d_model": D, "vocab_size": cfg.vocab_size,
-          "fused_layers": list(fused), "top_k": top_k, "sequences": len(seqs), "tokens": T_all,
-          "response_tokens": int(sum(len(r["response_ids"]) for r in records)), "max_abs_feature": biggest}
-  (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-  dest = data_dir / FEATURES
-  if dest.exists():
-    shutil.rmtree(dest)
-  os.replace(tmp, dest)
-  return dest
+  return store.finish(m.source, cfg, biggest)
 
 
 def assemble_features(data_dir: Path, records: list[dict], source: str, cfg, fused: tuple[int, ...],
@@ -259,20 +238,9 @@ def assemble_features(data_dir: Path, records: list[dict], source: str, cfg, fus
   arrays as ``compute_features``' except that the top-k before the last prompt token and everything at each
   sequence's last token are zeros (training reads neither)."""
   D = cfg.d_model
-  lens = np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in records], np.int64)
-  offsets = np.concatenate([[0], np.cumsum(lens)])
-  T_all = int(offsets[-1])
-  tmp = data_dir / (FEATURES + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  mm = lambda name, dtype, shape: np.lib.format.open_memmap(tmp / name, "w+", dtype, shape)
-  tokens = mm("tokens.npy", np.int32, (T_all,))
-  final = mm("final.npy", np.float16, (T_all, D))
-  fusedf = mm("fused.npy", np.float16, (T_all, D * len(fused)))
-  top_ids = mm("topk_ids.npy", np.int32, (T_all, top_k))
-  top_lp = mm("topk_logp.npy", np.float16, (T_all, top_k))
-  np.save(tmp / "offsets.npy", offsets)
-  np.save(tmp / "prompt_lens.npy", np.array([len(r["prompt_ids"]) for r in records], np.int32))
+  store = _NewStore(data_dir, records, D, fused, top_k)
+  lens, offsets = store.lens, store.offsets
+  tokens, final, fusedf, top_ids, top_lp = store.arrays
   shards: dict[str, dict] = {}
   biggest = 0.0
   with progress_lib.progress() as bar:
@@ -303,18 +271,42 @@ def assemble_features(data_dir: Path, records: list[dict], source: str, cfg, fus
       bar.update(task, advance=1, info=f"{int(o1)} tokens")
   if not np.isfinite(biggest):
     raise SpecjaxError("a recorded feature overflowed float16: this target needs another storage dtype")
-  for arr in (tokens, final, fusedf, top_ids, top_lp):
-    arr.flush()
-  meta = {"target": source, "target_config": cfg.name, "d_model": D, "vocab_size": cfg.vocab_size,
-          "fused_layers": list(fused), "top_k": top_k, "sequences": len(records), "tokens": T_all,
-          "response_tokens": int(sum(len(r["response_ids"]) for r in records)), "max_abs_feature": biggest,
-          "recorded": True}
-  (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-  dest = data_dir / FEATURES
-  if dest.exists():
-    shutil.rmtree(dest)
-  os.replace(tmp, dest)
-  return dest
+  return store.finish(source, cfg, biggest, recorded=True)
+
+
+class _NewStore:
+  """A ``features/`` store being written (to ``features.tmp/``): its memory-mapped arrays for ``records``
+  and, once filled, ``finish`` — meta.json last, then the rename that makes it complete."""
+
+  def __init__(self, data_dir: Path, records: list[dict], D: int, fused: tuple[int, ...], top_k: int):
+    self.data_dir, self.records, self.fused, self.top_k = data_dir, records, fused, top_k
+    self.lens = np.array([len(r["prompt_ids"]) + len(r["response_ids"]) for r in records], np.int64)
+    self.offsets = np.concatenate([[0], np.cumsum(self.lens)])
+    T = int(self.offsets[-1])
+    self.tmp = data_dir / (FEATURES + ".tmp")
+    shutil.rmtree(self.tmp, ignore_errors=True)
+    self.tmp.mkdir(parents=True)
+    mm = lambda name, dtype, shape: np.lib.format.open_memmap(self.tmp / name, "w+", dtype, shape)
+    self.arrays = (mm("tokens.npy", np.int32, (T,)), mm("final.npy", np.float16, (T, D)),
+                   mm("fused.npy", np.float16, (T, D * len(fused))), mm("topk_ids.npy", np.int32, (T, top_k)),
+                   mm("topk_logp.npy", np.float16, (T, top_k)))
+    np.save(self.tmp / "offsets.npy", self.offsets)
+    np.save(self.tmp / "prompt_lens.npy", np.array([len(r["prompt_ids"]) for r in records], np.int32))
+
+  def finish(self, source: str, cfg, biggest: float, recorded: bool = False) -> Path:
+    for arr in self.arrays:
+      arr.flush()
+    meta = {"target": source, "target_config": cfg.name, "d_model": cfg.d_model, "vocab_size": cfg.vocab_size,
+            "fused_layers": list(self.fused), "top_k": self.top_k, "sequences": len(self.records),
+            "tokens": int(self.offsets[-1]),
+            "response_tokens": int(sum(len(r["response_ids"]) for r in self.records)), "max_abs_feature": biggest,
+            **({"recorded": True} if recorded else {})}
+    (self.tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    dest = self.data_dir / FEATURES
+    if dest.exists():
+      shutil.rmtree(dest)
+    os.replace(self.tmp, dest)
+    return dest
 
 
 def default_fused_layers(num_layers: int) -> tuple[int, ...]:
