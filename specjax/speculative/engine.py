@@ -81,9 +81,6 @@ class Record(NamedTuple):
   def forward_taps(self, num_layers: int) -> tuple[int, ...]:
     return tuple(self.taps) + ((num_layers - 1,) if self.final else ())
 
-  def width(self, d_model: int) -> int:   # F
-    return d_model * (len(self.taps) + int(self.final))
-
 
 def _recorded(engine: Engine, params, features_BxTxF) -> jax.Array:
   """The forward's tapped outputs as recorded (float16): the last tap normalised into the final hidden state

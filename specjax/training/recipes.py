@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -24,12 +23,7 @@ import numpy as np
 import optax
 
 from specjax.errors import SpecjaxError
-from specjax.training.prepare import default_data_dir, prepare_data
-
-
-def _log(msg: str) -> None:
-  sys.stderr.write(f"[train] {msg}\n")
-  sys.stderr.flush()
+from specjax.training.prepare import _log, default_data_dir, prepare_data
 
 
 def _check_settings(recipe: str, kw: dict, *fns) -> None:
