@@ -107,6 +107,46 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
                       "the device; the oldest evicted past it; default 65536)")
 
 
+def add_adapt_flags(p: argparse.ArgumentParser) -> None:
+  """Online adaptation of a trained feature drafter from the served traffic (``training/online.py``)."""
+  p.add_argument("--adapt", action="store_true",
+                 help="keep training the --drafter eagle head on the served requests' recorded target features "
+                      "(between steps while idle; the output stays the target's, only acceptance changes)")
+  p.add_argument("--adapt-dir", default=None,
+                 help="--adapt: save the adapted head here (orbax) and start from the last one saved there")
+  p.add_argument("--adapt-lr", type=flags.POSITIVE, default=1e-4, help="--adapt: the AdamW learning rate")
+  p.add_argument("--adapt-buffer-tokens", type=flags.COUNT, default=16384,
+                 help="--adapt: positions the replay buffer keeps (oldest requests evicted first)")
+  p.add_argument("--adapt-batch", type=flags.COUNT, default=2, help="--adapt: rows per training batch")
+  p.add_argument("--adapt-seq-len", type=flags.COUNT, default=256, help="--adapt: positions per training row")
+  p.add_argument("--adapt-every", type=flags.NONNEG, default=0,
+                 help="--adapt: also one step every N busy decode steps (0: only while no request waits)")
+  p.add_argument("--adapt-checkpoint-every", type=flags.COUNT, default=50,
+                 help="--adapt-dir: save every N adaptation steps (and when the server stops)")
+
+
+def adapter_factory(args):
+  """None, or what ``ContinuousBatcher(adapter_factory=...)`` calls with the built drafter and its params."""
+  if not getattr(args, "adapt", False):
+    for flag in ("adapt_dir",):
+      if getattr(args, flag, None):
+        from specjax.errors import SpecjaxError
+        raise SpecjaxError(f"--{flag.replace('_', '-')} needs --adapt")
+    return None
+  from specjax.errors import SpecjaxError
+  if drafters().get(args.drafter).draft != "head":
+    raise SpecjaxError(f"--adapt trains a feature drafter's head from served traffic: use --drafter eagle (or "
+                       f"eagle-parallel) --draft DIR, not --drafter {args.drafter}")
+  import functools
+  from specjax.training import online
+  cfg = online.AdaptConfig(learning_rate=args.adapt_lr, batch_size=args.adapt_batch, seq_len=args.adapt_seq_len,
+                           buffer_tokens=args.adapt_buffer_tokens, every=args.adapt_every,
+                           checkpoint_every=args.adapt_checkpoint_every,
+                           min_tokens=min(args.adapt_seq_len, args.adapt_buffer_tokens))
+  return functools.partial(online.OnlineAdapter.for_engine, cfg=cfg, checkpoint_dir=args.adapt_dir, log=log,
+                           fingerprint={"drafter": str(args.draft)})
+
+
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
   from specjax.serving.policies import POLICIES
   p.add_argument("--k", type=flags.NONNEG, default=4, help="k for --policy fixed and off-above")
@@ -142,6 +182,9 @@ def serving_engine(args, m, max_len: int, **kwargs):
     if draft is not None and not isinstance(draft, str):
       draft = api.on_mesh(draft, m.mesh)
   spec = calibrate.load_or_calibrate(args.device, log=log) if args.policy == "goodput" else None
+  adapt = adapter_factory(args)
+  if adapt is not None:
+    kwargs["adapter_factory"] = adapt
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=parse_buckets(args.buckets),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
                               draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
@@ -223,6 +266,7 @@ def check_drafter(args) -> None:
   check_index_tokens(kind, getattr(args, "index_tokens", None))
   if getattr(args, "buckets", None) is not None:
     parse_buckets(args.buckets)
+  adapter_factory(args)                     # --adapt with a drafter that has no head, bad settings
   draft = getattr(args, "draft", None)
   if draft and kind.draft is None:
     raise SpecjaxError(f"--draft is only used with {drafters().draft_flag_help()} (got --drafter {args.drafter})")

@@ -14,6 +14,7 @@ def register(sub) -> dict:
   common.add_drafter_flags(ss, trees=False, default="ngram")
   common.add_serving_flags(ss)
   common.add_mesh_flags(ss)
+  common.add_adapt_flags(ss)
   ss.add_argument("--rate", type=flags.RATE, default=1.0, help="requests per second (Poisson; 0: all at once)")
   ss.add_argument("--requests", type=flags.COUNT, default=16)
   ss.add_argument("--trace", default=None, help="JSONL of {arrival, prompt, max_tokens} instead of --rate")
@@ -29,6 +30,7 @@ def register(sub) -> dict:
   common.add_drafter_flags(sv, trees=False, default="none")
   common.add_serving_flags(sv)
   common.add_mesh_flags(sv)
+  common.add_adapt_flags(sv)
   sv.add_argument("--host", default="127.0.0.1")
   sv.add_argument("--port", type=flags.PORT, default=8000)
   sv.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="the sampling temperature of every request")
@@ -114,6 +116,8 @@ def cmd_serve_sim(args) -> int:
   for field in ("round", "phase"):           # a repeated or shifted trace: the requests split by it
     if any(field in r for r in reqs):
       rep[f"by_{field}"] = latency.split_report(requests, [r.get(field) for r in reqs])
+  if eng.adapter is not None:
+    eng.adapter.close()
   if args.plot:
     from specjax.serving import plots
     plots.k_over_time(rep, args.plot)
@@ -121,6 +125,10 @@ def cmd_serve_sim(args) -> int:
   def human(r):
     print(f"{r['served']}/{r['requests']} served ({r['refused']} refused) in {r['wall_s']:.1f}s: "
           f"{r['tokens_per_s']:.1f} tok/s, mean k {r['mean_k']:.2f}, mean live {r['mean_live']:.1f}")
+    if "adapt" in r:
+      a = r["adapt"]
+      print(f"  adaptation: {a['steps']} steps ({a['train_s']:.1f}s), replay buffer {a['buffer_tokens']}/"
+            f"{a['buffer_capacity']} positions from {a['requests_seen']} requests")
     for name in ("ttft_s", "itl_s", "token_gap_s"):
       q = r[name]
       if q["p50"] is not None:
@@ -156,6 +164,7 @@ def cmd_serve(args) -> int:
   common.log(f"[serve] listening on http://{args.host}:{args.port}")
   uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
   worker.stop()
+  worker.join(timeout=60)          # the adapted head's last checkpoint (--adapt-dir) is written on the way out
   return 0
 
 

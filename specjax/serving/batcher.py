@@ -94,6 +94,8 @@ def admit_slot(engine: spec.Engine, target_params, draft_params, state: spec.Spe
                   max_new_1, key, rows_1)
   if engine.per_row:
     state = state.replace(rows=_insert(state.rows, one.rows, slot))
+  if state.record is not None:       # online adaptation: the prompt's recorded features
+    state = state.replace(record=_insert(state.record, one.record, slot))
   return state.replace(
       cache=_insert(state.cache, one.cache, slot), draft=_insert(state.draft, one.draft, slot),
       seq_BxS=_insert(state.seq_BxS, one.seq_BxS, slot), last_B=_insert(state.last_B, one.last_B, slot),
@@ -104,6 +106,12 @@ def admit_slot(engine: spec.Engine, target_params, draft_params, state: spec.Spe
 
 def finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
   return state.replace(done_B=state.done_B.at[slot].set(True))
+
+
+@jax.jit
+def _recorded_row(record, slot):
+  """One slot's recorded features [S, F] (one compile whatever the slot)."""
+  return jax.lax.dynamic_index_in_dim(record.feats_BxSxF, slot, axis=0, keepdims=False)
 
 
 class _Jits(NamedTuple):
@@ -137,19 +145,26 @@ class StepRecord:
   rows: int
   committed: int
   seconds: float
+  offered: int = 0              # draft tokens the step offered the live sequences (their k)
+  accepted: int = 0             # of which accepted
 
 
 class ContinuousBatcher:
   """Serve requests over ``slots`` fixed KV buffers of ``max_len`` positions.
 
   ``drafter``/``drafter_kwargs`` as ``runtime.builder.DecodeSpec`` (one drafter for every bucket); ``buckets`` the compiled k values (0 = plain);
-  ``policy`` a ``policies`` object.  ``clock`` gives the current time in seconds."""
+  ``policy`` a ``policies`` object.  ``clock`` gives the current time in seconds.
+
+  ``adapter_factory(drafter, draft_params)``: online adaptation (``training/online.OnlineAdapter.for_engine``):
+  the engines record the target's features, each finished request goes into the adapter's replay buffer, and
+  ``adapt`` (run while idle, and every ``every`` busy steps if the adapter asks) trains the head and swaps
+  its weights in (same shapes: nothing recompiles)."""
 
   def __init__(self, m, *, slots: int = 8, max_len: int = 1024, drafter: str = "none", draft=None,
                buckets: Sequence[int] = (0, 1, 2, 4, 8), policy=None, sp: sampling.SamplingParams | None = None,
                eos_ids: Sequence[int] | None = None, max_queue: int = 1024, seed: int = 0,
                memory_budget: float | None = None, clock: Callable[[], float] = time.perf_counter,
-               per_request: bool = False, **drafter_kwargs):
+               per_request: bool = False, adapter_factory: Callable | None = None, **drafter_kwargs):
     self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
     self.mesh = getattr(m, "mesh", None)    # a model on a mesh (``api.on_mesh``): every step runs sharded
     if self.mesh is not None and jax.process_count() > 1:
@@ -173,10 +188,15 @@ class ContinuousBatcher:
                   memory_budget=memory_budget)
     self.draft_params = built.draft_params
     self.learns, self.absorb_s = kind.learns, 0.0      # seconds spent indexing finished requests
+    self.adapter = None if adapter_factory is None else adapter_factory(built.engine.drafter, built.draft_params)
+    record = None
+    if self.adapter is not None:            # a restored checkpoint's weights from the first step on
+      self.draft_params, record = self.adapter.draft_params(), self.adapter.record
     self.engines: dict[int, spec.Engine] = {
         k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))
-        ._replace(sp=self.sp, per_row=self.per_request)
+        ._replace(sp=self.sp, per_row=self.per_request, record=record)
         for k in buckets}
+    self.adapt_log: list[dict] = []        # (time, step, seconds, metrics) of each adaptation step
     self.policy = policy or pol.FixedK(self.k_top)
     self.tracker = pol.AcceptanceTracker(self.slots, max(self.k_top, 1))
     self.queue: collections.deque[Request] = collections.deque()
@@ -237,6 +257,10 @@ class ContinuousBatcher:
       self.state = self.jits.step(eng, self.m.exec_params, self.draft_params, self.state,
                                   self._put(np.zeros(self.slots, np.int32)))
     jax.block_until_ready(self.state.seq_BxS)
+    if self.adapter is not None:            # the training step, a row's read-back and the weight swap
+      self.adapter.warmup()
+      jax.block_until_ready(_recorded_row(self.state.record, jnp.int32(0)))
+      self.draft_params = self.adapter.draft_params()
     self.history.clear()
     return time.perf_counter() - t0
 
@@ -306,6 +330,13 @@ class ContinuousBatcher:
     r.finished, r.finish_reason = now, reason
     if r.slot is not None and self.running[r.slot] is r:
       self.running[r.slot] = None
+    if self.adapter is not None and r.tokens and r.rid != "warmup" and reason in ("stop", "length"):
+      # the slot still holds this request's recorded features (nothing is admitted before the next step)
+      t0 = time.perf_counter()
+      n = len(r.prompt_ids) + len(r.tokens)
+      row = np.asarray(jax.device_get(_recorded_row(self.state.record, jnp.int32(r.slot))))
+      self.adapter.observe(list(r.prompt_ids) + list(r.tokens), row[:n], len(r.prompt_ids))
+      self.absorb_s += time.perf_counter() - t0
     if self.learns and r.tokens and r.rid != "warmup":   # a suffix index learns it between steps
       t0 = time.perf_counter()
       self.draft_params = drafter_registry.absorb(self.engines[self.k_top].drafter, self.draft_params,
@@ -334,10 +365,27 @@ class ContinuousBatcher:
     t0 = time.perf_counter()
     self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
                                 self._put(dec.k_B.astype(np.int32)))
+    before = self._accepted.copy()
     got = self._read_back(self.clock(), offered=dec.k_B, live=live)
     self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
-                                   got, time.perf_counter() - t0))
+                                   got, time.perf_counter() - t0, int(np.sum(np.where(live, dec.k_B, 0))),
+                                   int(np.sum(np.where(live, self._accepted - before, 0)))))
+    if self.adapter is not None and self.adapter.busy_tick():
+      self.adapt()
     return committed + got
+
+  # ------------------------------------------------------------------ online adaptation
+  def adapt(self) -> bool:
+    """One adaptation step of the drafter's head on the replay buffer, the new weights swapped in (same
+    shapes and dtypes: the compiled steps run them as they are); False when there is nothing to learn yet."""
+    if self.adapter is None or not self.adapter.ready:
+      return False
+    t0 = time.perf_counter()
+    metrics = self.adapter.step()
+    self.draft_params = self.adapter.draft_params()
+    self.adapt_log.append({"t": self.clock(), "step": self.adapter.steps, "seconds": time.perf_counter() - t0,
+                           **metrics})
+    return True
 
   def _read_back(self, now: float, offered, live=None) -> int:
     # One transfer per step; the per-request mode's logprobs come with the tokens.
@@ -387,7 +435,7 @@ class ContinuousBatcher:
         except SpecjaxError as e:
           refused.append((r, str(e)))
       if not self.queue and not self.num_running:
-        if pending:
+        if pending and not self.adapt():          # idle: an adaptation step, else wait for the next arrival
           time.sleep(max(0.0, min(pending[0].arrival - (self.clock() - start), 0.05)))
         continue
       self.step()
@@ -401,6 +449,8 @@ class ContinuousBatcher:
     out = report(requests, self.history, start, self.clock(), refused)
     if self.learns:
       out["index"] = self.index_stats()
+    if self.adapter is not None:
+      out["adapt"] = {**self.adapter.stats(), "log": [{**a, "t": a["t"] - start} for a in self.adapt_log]}
     return out
 
   def index_stats(self) -> dict:

@@ -98,8 +98,11 @@ class EngineWorker(threading.Thread):
     b = self.batcher
     while not self.stopping.is_set():
       busy = bool(b.queue) or b.num_running > 0
-      self._drain(block=not busy)
+      learn = not busy and b.adapter is not None and b.adapter.ready
+      self._drain(block=not busy and not learn)
       if not (b.queue or b.num_running):
+        if learn:              # idle: one adaptation step of the drafter (requests wait at most one step)
+          b.adapt()
         continue
       t0 = time.perf_counter()
       try:
@@ -117,6 +120,8 @@ class EngineWorker(threading.Thread):
       self.rate = 0.9 * self.rate + 0.1 * (n / dt)
       if b.history:
         self.last_k = b.history[-1].k
+    if b.adapter is not None:        # the adapted head's last checkpoint
+      b.adapter.close()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -191,7 +196,10 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
       ("acceptance_rate", "accepted ÷ drafted tokens so far"),
       ("generated_tokens_total", "tokens generated"), ("requests_total", "requests accepted"),
       ("index_tokens", "a learning drafter's index (suffix): token slots in use, of index_capacity"),
-      ("index_capacity", "a learning drafter's index: its size in token slots"))}
+      ("index_capacity", "a learning drafter's index: its size in token slots"),
+      ("adapt_steps", "online adaptation (--adapt): optimizer steps taken on served traffic"),
+      ("adapt_buffer_tokens", "online adaptation: positions in the replay buffer, of adapt_buffer_capacity"),
+      ("adapt_buffer_capacity", "online adaptation: the replay buffer's bound in positions"))}
   eos_ids = tuple(worker.batcher.eos_ids)
 
   def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -233,6 +241,11 @@ def create_app(worker: EngineWorker, tokenizer, model_name: str, server_sp, defa
       idx = b.index_stats()
       g["index_tokens"].set(idx["tokens"])
       g["index_capacity"].set(idx["capacity"])
+    if b.adapter is not None:
+      ad = b.adapter.stats()
+      g["adapt_steps"].set(ad["steps"])
+      g["adapt_buffer_tokens"].set(ad["buffer_tokens"])
+      g["adapt_buffer_capacity"].set(ad["buffer_capacity"])
     return PlainTextResponse(prom.generate_latest(registry).decode(), media_type=prom.CONTENT_TYPE_LATEST)
 
   async def _body(request: HttpRequest):

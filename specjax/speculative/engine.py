@@ -166,7 +166,8 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   if taps is None:
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
   else:   # a feature drafter reads the target's features of the prompt
-    draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S, pre.features)
+    draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S,
+                                _drafter_features(engine, target_params, pre.features))
   if engine.per_row:
     if rows is None:
       raise ValueError("a per-row engine needs each sequence's sampling settings and seed: pass rows=RowState")
@@ -205,18 +206,38 @@ def _feature_layers(drafter):
 
 
 def _forward_taps(engine: Engine):
-  """The ``feature_layers`` of the engine's target forwards: the drafter's, or what ``record`` asks for."""
+  """The ``feature_layers`` of the engine's target forwards: the drafter's, or what ``record`` asks for (a
+  feature drafter's own layers then come first: ``_drafter_features``)."""
   taps = _feature_layers(engine.drafter)
   if engine.record is None:
     return taps
-  if taps is not None:
-    raise ValueError("recording features while a feature drafter drafts is not supported: record with "
-                     "plain decoding or a drafter that reads no features (ngram, model)")
+  if taps is not None and tuple(taps) != tuple(engine.record.taps):
+    raise ValueError(f"recording layers {list(engine.record.taps)} while a feature drafter reading layers "
+                     f"{list(taps)} drafts: record the drafter's own layers (Record(taps=its feature_layers))")
   return engine.record.forward_taps(engine.cfg.num_layers)
 
 
+def _drafter_features(engine: Engine, target_params, features_BxTxF):
+  """What a feature drafter reads of the target forward's ``features``: all of them, unless the engine also
+  records, when the forward returns the recorded taps (the drafter's layers, then the last layer's raw output)
+  and the drafter's part is cut out of them — its fused layers, or the final hidden state (the last layer's
+  output under the final norm, as ``model.forward`` computes it)."""
+  taps = _feature_layers(engine.drafter)
+  if engine.record is None or taps is None:
+    return features_BxTxF
+  D = engine.cfg.d_model
+  if taps:
+    return features_BxTxF[..., :len(taps) * D]
+  if not engine.record.final:          # taps () and no final column: the forward returned the final state
+    return features_BxTxF
+  return model_lib.rms_norm(features_BxTxF[..., -D:], target_params["final_norm"], engine.cfg.norm_eps)
+
+
 def _record_topk(record: Recorded, logits_BxJxV, pos_BxJ) -> Recorded:
-  """The top-k next tokens of the distributions ``logits_BxJxV`` at positions ``pos_BxJ`` (S: dropped)."""
+  """The top-k next tokens of the distributions ``logits_BxJxV`` at positions ``pos_BxJ`` (S: dropped); nothing
+  with ``Record.top_k = 0``."""
+  if record.topk_ids_BxSxK.shape[-1] == 0:
+    return record
   lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits_BxJxV.astype(jnp.float32), axis=-1),
                           record.topk_ids_BxSxK.shape[-1])
   b = jnp.arange(pos_BxJ.shape[0])[:, None]
@@ -302,7 +323,8 @@ def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_a
   if taps is None:
     draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths)
   else:   # the target's features along the accepted path (the root first) feed the drafter's next step
-    path_feats = jnp.take_along_axis(out.features, jnp.maximum(path, 0)[:, :, None], axis=1)
+    path_feats = jnp.take_along_axis(_drafter_features(engine, target_params, out.features),
+                                     jnp.maximum(path, 0)[:, :, None], axis=1)
     draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths, path_feats)
 
   record = state.record
