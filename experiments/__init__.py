@@ -13,13 +13,14 @@ from experiments import roofline as _roofline
 from experiments.tree_shapes import tree_shapes
 from experiments import weights as _weights
 from experiments.suffix_trace import suffix_trace
+from experiments import online_adapt as _online_adapt
 
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
                "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table,
                "roofline": _roofline.roofline, "batch_sweep": _batch_sweep.batch_sweep,
                "coder_pair": _coder_pair.coder_pair, "weights": _weights.weights,
-               "suffix_trace": suffix_trace}
+               "suffix_trace": suffix_trace, "online_adapt": _online_adapt.online_adapt}
 
 # Experiments that draw their own figures: plot(result, out_dir), called by the runner after results.json.
 PLOTTERS = {"roofline": _roofline.plot, "batch_sweep": _batch_sweep.plot, "coder_pair": _coder_pair.plot,
-            "weights": _weights.plot}
+            "weights": _weights.plot, "online_adapt": _online_adapt.plot}

@@ -1,27 +1,4 @@
-"""Count XLA compilations (backend compiles) inside a block, via jax.monitoring."""
-import contextlib
+"""Count XLA compilations inside a block (``specjax.measure.compiles``, shared with the experiments)."""
+from specjax.measure.compiles import count_compiles
 
-import jax
-
-_NAMES: list[str] = []
-_REGISTERED = [False]
-
-
-def _listener(event: str, duration: float, **kwargs) -> None:
-  if event == "/jax/core/compile/backend_compile_duration":
-    _NAMES.append(str(kwargs.get("fun_name", "?")))
-
-
-@contextlib.contextmanager
-def count_compiles(names: list | None = None):
-  """Yields a callable returning how many backend compilations happened since entering; if ``names`` is
-  given, the compiled functions' names are appended to it on exit."""
-  if not _REGISTERED[0]:
-    jax.monitoring.register_event_duration_secs_listener(_listener)
-    _REGISTERED[0] = True
-  start = len(_NAMES)
-  try:
-    yield lambda: len(_NAMES) - start
-  finally:
-    if names is not None:
-      names.extend(_NAMES[start:])
+__all__ = ["count_compiles"]

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "config_keys.json"
 
-# Per config: bindings that shrink it (placeholders: {model} {prompts} {tasks} {data}).  The config's own
+# Per config: bindings that shrink it (placeholders: {model} {prompts} {tasks} {head} {data}).  The config's own
 # settings stay where they are cheap; sizes, prompt sets and grids shrink; a published device spec stands in
 # for this machine's calibration (which would measure for minutes).
 TINY: dict[str, list[str]] = {
@@ -71,6 +71,12 @@ TINY: dict[str, list[str]] = {
                      "suffix_trace.repeats = 2", "suffix_trace.max_new_tokens = 6", "suffix_trace.max_len = 128",
                      "suffix_trace.k = 3", "suffix_trace.ngram_k = 3", "suffix_trace.slots = 2",
                      "suffix_trace.index_tokens = 64"],
+    "online_adapt": ["online_adapt.model = '{model}'", "online_adapt.prompts = '{prompts}'",
+                     "online_adapt.draft = '{head}'", "online_adapt.first = ['qa']", "online_adapt.then = ['qa']",
+                     "online_adapt.requests = 6", "online_adapt.rate = 0.0", "online_adapt.max_new_tokens = 6",
+                     "online_adapt.max_len = 128", "online_adapt.k = 3", "online_adapt.seq_len = 32",
+                     "online_adapt.buffer_tokens = 128", "online_adapt.every = 1",
+                     "online_adapt.matmul_dtype = 'float32'", "online_adapt.window_s = 0.5"],
     "distill_losses": ["distill_losses.model = '{model}'", "distill_losses.data_dir = '{data}'",
                        "distill_losses.num_prompts = 6", "distill_losses.max_new_tokens = 6",
                        "distill_losses.losses = ['ce', 'tvd']", "distill_losses.reduced_vocab = 0",
@@ -130,7 +136,19 @@ def make_inputs(root: Path) -> dict[str, str]:
   tasks.write_text(json.dumps({"task_id": "Tiny/0", "prompt": "def add(a, b):\n    \"\"\"a + b\"\"\"\n",
                                "entry_point": "add", "canonical_solution": "    return a + b\n",
                                "test": "def check(f):\n    assert f(1, 2) == 3\n"}) + "\n")
-  return {"model": str(model), "prompts": str(prompts), "tasks": str(tasks)}
+  return {"model": str(model), "prompts": str(prompts), "tasks": str(tasks), "head": _tiny_head(model, root)}
+
+
+def _tiny_head(model: str, root: Path) -> str:
+  """An (untrained) fused feature drafter exported for the tiny model, as `specjax train` writes one."""
+  import jax
+  from specjax import api
+  from specjax.checkpoints import drafter_io
+  from specjax.speculative import eagle
+  m = api.load(model)
+  ecfg = eagle.EagleConfig(m.cfg, (0, 1), 0)
+  return str(drafter_io.save_drafter(root / "head", ecfg, eagle.init_trainable(ecfg, jax.random.PRNGKey(1)),
+                                     target_name=m.source, tokenizer=m.tokenizer))
 
 
 def bindings(name: str, inputs: dict[str, str], work: Path) -> list[str]:

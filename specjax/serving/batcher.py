@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from specjax.kv_cache import init_cache
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.serving import policies as pol
 from specjax.serving.latency import report
+from specjax.serving.slots import SINGLE, mesh_jits, recorded_row
 from specjax.speculative import registry as drafter_registry
 
 
@@ -74,67 +75,6 @@ class Request:
   @property
   def done(self) -> bool:
     return self.finished is not None
-
-
-def _insert(big, small, slot):
-  """Write a B = 1 state into slot ``slot`` of a batched one: KV buffers [L, B, ...] (5-D) along axis 1,
-  every other array along axis 0."""
-  def put(b, s):
-    axis = 1 if b.ndim == 5 else 0
-    return jax.lax.dynamic_update_index_in_dim(b, jnp.take(s, 0, axis=axis).astype(b.dtype), slot, axis)
-  return jax.tree_util.tree_map(put, big, small)
-
-
-def admit_slot(engine: spec.Engine, target_params, draft_params, state: spec.SpecState, slot, prompt_1xP,
-               prompt_len_1, max_new_1, key, rows_1=None) -> spec.SpecState:
-  """Prefill one request into ``slot`` of the running batch; the other slots are untouched.  ``rows_1``: its
-  sampling settings and seed (a per-row engine)."""
-  S = state.seq_BxS.shape[1]
-  one = spec.init(engine, target_params, draft_params, init_cache(engine.cfg, 1, S, state.cache.k.dtype), prompt_1xP, prompt_len_1,
-                  max_new_1, key, rows_1)
-  if engine.per_row:
-    state = state.replace(rows=_insert(state.rows, one.rows, slot))
-  if state.record is not None:       # online adaptation: the prompt's recorded features
-    state = state.replace(record=_insert(state.record, one.record, slot))
-  return state.replace(
-      cache=_insert(state.cache, one.cache, slot), draft=_insert(state.draft, one.draft, slot),
-      seq_BxS=_insert(state.seq_BxS, one.seq_BxS, slot), last_B=_insert(state.last_B, one.last_B, slot),
-      num_new_B=_insert(state.num_new_B, one.num_new_B, slot), done_B=_insert(state.done_B, one.done_B, slot),
-      max_new_B=_insert(state.max_new_B, one.max_new_B, slot),
-      starts_BxS=_insert(state.starts_BxS, one.starts_BxS, slot))
-
-
-def finish_slot(state: spec.SpecState, slot) -> spec.SpecState:
-  return state.replace(done_B=state.done_B.at[slot].set(True))
-
-
-@jax.jit
-def _recorded_row(record, slot):
-  """One slot's recorded features [S, F] (one compile whatever the slot)."""
-  return jax.lax.dynamic_index_in_dim(record.feats_BxSxF, slot, axis=0, keepdims=False)
-
-
-class _Jits(NamedTuple):
-  """The batcher's compiled functions: on one device plain jits; on a mesh each with explicit out_shardings
-  (the state keeps the placement ``sharding.state_shardings`` gives it: slots over "data", KV heads over
-  "model"), the inputs placed likewise."""
-  init: Callable
-  step: Callable
-  admit: Callable
-  finish: Callable
-
-
-_SINGLE = _Jits(spec.init_jit, spec.step_jit,
-                jax.jit(admit_slot, static_argnums=(0,), donate_argnums=(3,)),
-                jax.jit(finish_slot, donate_argnames=("state",)))
-
-
-def _mesh_jits(state_sh) -> _Jits:
-  return _Jits(jax.jit(spec.init, static_argnames=("engine",), donate_argnames=("cache",), out_shardings=state_sh),
-               jax.jit(spec.spec_step, static_argnames=("engine",), donate_argnames=("state",),
-                       out_shardings=state_sh),
-               jax.jit(admit_slot, static_argnums=(0,), donate_argnums=(3,), out_shardings=state_sh),
-               jax.jit(finish_slot, donate_argnames=("state",), out_shardings=state_sh))
 
 
 @dataclasses.dataclass
@@ -219,7 +159,7 @@ class ContinuousBatcher:
     args = (zeros, np.ones(B, np.int32), np.zeros(B, np.int32))
     rows = self._rows([self.sp] * B, [0] * B) if self.per_request else None
     if self.mesh is None:
-      self.jits = _SINGLE
+      self.jits = SINGLE
       args = jax.device_put(args)
     else:                                   # slots over "data", KV heads over "model"
       cache = sharding.shard_cache(cache, self.mesh)
@@ -228,7 +168,7 @@ class ContinuousBatcher:
         rows = jax.tree_util.tree_map(lambda a: sharding.shard_batch(a, self.mesh), rows)
       abstract = jax.eval_shape(functools.partial(spec.init, eng), self.m.prefill_params, self.draft_params,
                                 cache, *args, jax.random.PRNGKey(0), rows)
-      self.jits = _mesh_jits(sharding.state_shardings(abstract, self.mesh, B))
+      self.jits = mesh_jits(sharding.state_shardings(abstract, self.mesh, B))
     st = self.jits.init(eng, self.m.prefill_params, self.draft_params, cache, *args, jax.random.PRNGKey(0), rows)
     return st
 
@@ -259,7 +199,7 @@ class ContinuousBatcher:
     jax.block_until_ready(self.state.seq_BxS)
     if self.adapter is not None:            # the training step, a row's read-back and the weight swap
       self.adapter.warmup()
-      jax.block_until_ready(_recorded_row(self.state.record, jnp.int32(0)))
+      jax.block_until_ready(recorded_row(self.state.record, jnp.int32(0)))
       self.draft_params = self.adapter.draft_params()
     self.history.clear()
     return time.perf_counter() - t0
@@ -334,7 +274,7 @@ class ContinuousBatcher:
       # the slot still holds this request's recorded features (nothing is admitted before the next step)
       t0 = time.perf_counter()
       n = len(r.prompt_ids) + len(r.tokens)
-      row = np.asarray(jax.device_get(_recorded_row(self.state.record, jnp.int32(r.slot))))
+      row = np.asarray(jax.device_get(recorded_row(self.state.record, jnp.int32(r.slot))))
       self.adapter.observe(list(r.prompt_ids) + list(r.tokens), row[:n], len(r.prompt_ids))
       self.absorb_s += time.perf_counter() - t0
     if self.learns and r.tokens and r.rid != "warmup":   # a suffix index learns it between steps
