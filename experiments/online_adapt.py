@@ -9,8 +9,9 @@ every ``every`` busy steps, the weights swapped in between steps).
 
 Reported: acceptance (accepted ÷ offered drafts) in time windows and by phase, with the phase after the shift
 split into thirds (adaptation should lift the later thirds, the run without it should not move); greedy
-tokens of the two runs compared request by request (the target's, whatever the head); time to first token
-and inter-token latency percentiles of both runs (on within 10% of off is the goal); compilations during each
+tokens of the two runs compared request by request (the target's, whatever the head); request latency
+(arrival to last token), time to first token and inter-token latency percentiles of both runs (on within 10%
+of off is the goal); compilations during each
 replay (after warm-up: none expected); the replay buffer's fill against its bound.
 """
 from __future__ import annotations
@@ -95,6 +96,7 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
          "tokens_per_s": round(rep["tokens_per_s"], 2),
          "ttft_ms": {q: None if v is None else round(v * 1e3, 1) for q, v in rep["ttft_s"].items()},
          "itl_ms": {q: None if v is None else round(v * 1e3, 1) for q, v in rep["itl_s"].items()},
+         "latency_ms": {q: None if v is None else round(v * 1e3, 1) for q, v in rep["latency_s"].items()},
          "compiles_after_warmup": rep["compiles_after_warmup"], "compiled": rep["compiled"]}
     if "adapt" in rep:
       s["adapt"] = {k_: v for k_, v in rep["adapt"].items() if k_ != "log"}
@@ -103,13 +105,13 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
   off, on = served["adaptation off"], served["adaptation on"]
   summary["identical"] = f"{sum(a.tokens == b.tokens for a, b in zip(off, on))}/{len(off)}"
   for q in ("p50", "p99"):
-    a, b = runs["adaptation off"]["itl_s"][q], runs["adaptation on"]["itl_s"][q]
-    summary[f"itl_{q}_on_over_off"] = round(b / a, 3) if a and b else None
-    a, b = runs["adaptation off"]["ttft_s"][q], runs["adaptation on"]["ttft_s"][q]
-    summary[f"ttft_{q}_on_over_off"] = round(b / a, 3) if a and b else None
+    for name in ("latency", "ttft", "itl"):
+      a, b = runs["adaptation off"][f"{name}_s"][q], runs["adaptation on"][f"{name}_s"][q]
+      summary[f"{name}_{q}_on_over_off"] = round(b / a, 3) if a and b else None
   log(f"[online_adapt] after the shift, by thirds: off {summary['adaptation off']['after_shift_thirds']}, "
       f"on {summary['adaptation on']['after_shift_thirds']}; identical {summary['identical']}; "
-      f"p99 inter-token on/off {summary['itl_p99_on_over_off']}")
+      f"p99 on/off: latency {summary['latency_p99_on_over_off']}, time to first token "
+      f"{summary['ttft_p99_on_over_off']}, inter-token {summary['itl_p99_on_over_off']}")
   return {"title": f"online adaptation of a trained head on a shifted trace: {model}, {requests} requests, "
                    f"{', '.join(first)} then {', '.join(then)}",
           "rows": rows, "summary": summary, "window_s": window_s,

@@ -129,7 +129,7 @@ def cmd_serve_sim(args) -> int:
       a = r["adapt"]
       print(f"  adaptation: {a['steps']} steps ({a['train_s']:.1f}s), replay buffer {a['buffer_tokens']}/"
             f"{a['buffer_capacity']} positions from {a['requests_seen']} requests")
-    for name in ("ttft_s", "itl_s", "token_gap_s"):
+    for name in ("ttft_s", "latency_s", "itl_s", "token_gap_s"):
       q = r[name]
       if q["p50"] is not None:
         print(f"  {name[:-2]:10s} p50 {q['p50'] * 1e3:8.1f} ms  p90 {q['p90'] * 1e3:8.1f} ms  "

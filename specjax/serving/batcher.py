@@ -390,7 +390,8 @@ class ContinuousBatcher:
     if self.learns:
       out["index"] = self.index_stats()
     if self.adapter is not None:
-      out["adapt"] = {**self.adapter.stats(), "log": [{**a, "t": a["t"] - start} for a in self.adapt_log]}
+      out["adapt"] = {**self.adapter.stats(), "record_bytes": int(self.state.record.feats_BxSxF.nbytes),
+                      "log": [{**a, "t": a["t"] - start} for a in self.adapt_log]}
     return out
 
   def index_stats(self) -> dict:

@@ -33,10 +33,12 @@ def pct(xs, q):
 
 def report(requests: Sequence, history: Sequence, start: float, end: float,
            refused=()) -> dict:
-  """Throughput, time to first token, inter-token latency (per-request time per output token after the
-  first) and the gaps between token deliveries, as percentiles; the k chosen over time."""
+  """Throughput, time to first token, request latency (arrival to last token), inter-token latency
+  (per-request time per output token after the first) and the gaps between token deliveries, as percentiles;
+  the k chosen over time, and the drafts offered and accepted at each step."""
   served = [r for r in requests if r.done and r.tokens]
   ttft = [r.first_token - r.arrival for r in served]
+  e2e = [r.finished - r.arrival for r in served]
   tpot = _tpot(served)
   gaps = [b - a for r in served for a, b in zip(r.token_times, r.token_times[1:]) if b > a]
   tokens = sum(len(r.tokens) for r in served)
@@ -46,6 +48,7 @@ def report(requests: Sequence, history: Sequence, start: float, end: float,
           "refused_reasons": sorted({why for _, why in refused})[:5], "tokens": tokens, "wall_s": wall,
           "tokens_per_s": tokens / wall,
           "ttft_s": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+          "latency_s": {"p50": pct(e2e, 50), "p90": pct(e2e, 90), "p99": pct(e2e, 99)},
           "itl_s": {"p50": pct(tpot, 50), "p90": pct(tpot, 90), "p99": pct(tpot, 99)},
           "token_gap_s": {"p50": pct(gaps, 50), "p90": pct(gaps, 90), "p99": pct(gaps, 99)},
           "steps": len(history), "mean_k": float(np.mean(ks)) if ks else 0.0,
