@@ -18,7 +18,7 @@ from tests.test_checkpoints import CFG, random_hf_params, write_gguf
 from tests.test_cli import assert_clean_error, specjax_here
 
 SMALL = online.AdaptConfig(learning_rate=3e-3, batch_size=2, seq_len=48, buffer_tokens=160, min_tokens=16,
-                           checkpoint_every=4, unroll=2)
+                           checkpoint_every=4, unroll=2, replay=8.0)
 
 
 def test_replay_buffer_is_bounded_and_packs_reply_positions():
@@ -157,3 +157,66 @@ def test_adapt_needs_a_head_and_dir_needs_adapt(tmp_path):
   with pytest.raises(SpecjaxError, match="has none"):
     online.OnlineAdapter.for_engine(registry.build(registry.get("ngram"), CFG, None, k=2, depth=None,
                                                    buckets=None)[0], {}, SMALL)
+
+
+def test_a_killed_server_restarts_from_its_last_adapted_checkpoint(tiny, tmp_path):
+  """`specjax serve --adapt --adapt-dir D` in its own process: requests over HTTP, adaptation steps while idle,
+  a checkpoint every 2 steps; killed with SIGKILL and started again, it restores the last checkpoint on disk."""
+  import os
+  import re
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  import httpx
+  from tests.test_server import _free_port
+  head, adapted = _head_dir(tiny, tmp_path), tmp_path / "adapted"
+  port = _free_port()
+  cmd = [sys.executable, "-m", "specjax.cli", "serve", "--model", tiny.source, "--drafter", "eagle", "--draft", head,
+         "--k", "3", "--slots", "2", "--max-len", "128", "--port", str(port), "--adapt", "--adapt-dir", str(adapted),
+         "--adapt-checkpoint-every", "2", "--adapt-seq-len", "32", "--adapt-buffer-tokens", "128",
+         "--adapt-lr", "0.003", "--default-max-tokens", "12"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  url = f"http://127.0.0.1:{port}"
+
+  def start(log):
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
+    for _ in range(600):
+      try:
+        if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+          return proc
+      except httpx.HTTPError:
+        pass
+      if proc.poll() is not None:
+        raise AssertionError(f"server exited: {open(log).read()[-2000:]}")
+      time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server did not come up")
+
+  def adapt_steps():
+    m = re.search(r"^specjax_adapt_steps (\S+)", httpx.get(f"{url}/metrics").text, re.M)
+    return int(float(m.group(1)))
+
+  proc = start(tmp_path / "first.log")
+  try:
+    for p in PROMPTS:
+      r = httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 12}, timeout=60)
+      assert r.status_code == 200
+    for _ in range(300):                      # idle: the server adapts on what it served
+      if adapt_steps() >= 4:
+        break
+      time.sleep(0.1)
+    assert adapt_steps() >= 4
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+  saved = sorted(int(d.name) for d in adapted.iterdir() if d.name.isdigit())
+  assert saved and saved[-1] >= 4
+  proc = start(tmp_path / "second.log")
+  try:
+    assert adapt_steps() == saved[-1]
+    assert f"restored the adapted head at step {saved[-1]}" in (tmp_path / "second.log").read_text()
+  finally:
+    proc.terminate()
+    proc.wait(60)

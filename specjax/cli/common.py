@@ -119,6 +119,8 @@ def add_adapt_flags(p: argparse.ArgumentParser) -> None:
                  help="--adapt: positions the replay buffer keeps (oldest requests evicted first)")
   p.add_argument("--adapt-batch", type=flags.COUNT, default=2, help="--adapt: rows per training batch")
   p.add_argument("--adapt-seq-len", type=flags.COUNT, default=256, help="--adapt: positions per training row")
+  p.add_argument("--adapt-replay", type=flags.POSITIVE, default=4.0,
+                 help="--adapt: times each served position is trained on, on average (the step budget traffic earns)")
   p.add_argument("--adapt-every", type=flags.NONNEG, default=0,
                  help="--adapt: also one step every N busy decode steps (0: only while no request waits)")
   p.add_argument("--adapt-checkpoint-every", type=flags.COUNT, default=50,
@@ -140,7 +142,7 @@ def adapter_factory(args):
   import functools
   from specjax.training import online
   cfg = online.AdaptConfig(learning_rate=args.adapt_lr, batch_size=args.adapt_batch, seq_len=args.adapt_seq_len,
-                           buffer_tokens=args.adapt_buffer_tokens, every=args.adapt_every,
+                           buffer_tokens=args.adapt_buffer_tokens, every=args.adapt_every, replay=args.adapt_replay,
                            checkpoint_every=args.adapt_checkpoint_every,
                            min_tokens=min(args.adapt_seq_len, args.adapt_buffer_tokens))
   return functools.partial(online.OnlineAdapter.for_engine, cfg=cfg, checkpoint_dir=args.adapt_dir, log=log,

@@ -42,8 +42,11 @@ FROZEN = ("embed", "lm_head", "head_ids")      # the target's part of a feature 
 class AdaptConfig:
   """How a served drafter adapts.  ``buffer_tokens``: positions the replay buffer holds (features and tokens
   of finished requests; oldest evicted first); ``batch_size`` × ``seq_len``: a training batch packed from it;
-  ``min_tokens``: positions needed before the first step; ``every``: also one step every ``every`` busy
-  decode steps (0: only while idle); ``checkpoint_every``: save every this many adaptation steps."""
+  ``min_tokens``: positions needed before the first step; ``replay``: how many times, on average, each served
+  position is trained on (each finished request adds ``replay × positions ÷ (batch_size × seq_len)`` steps
+  to the budget the adapter may take: training follows the traffic, and an idle server stops once it has
+  learned what it saw); ``every``: also one step every ``every`` busy decode steps (0: only while idle);
+  ``checkpoint_every``: save every this many adaptation steps."""
   learning_rate: float = 1e-4
   weight_decay: float = 0.0
   clip_norm: float = 1.0
@@ -54,6 +57,7 @@ class AdaptConfig:
   w_reg: float = 0.1
   buffer_tokens: int = 16384
   min_tokens: int = 256
+  replay: float = 4.0
   every: int = 0
   checkpoint_every: int = 50
   keep_checkpoints: int = 2
@@ -67,6 +71,8 @@ class AdaptConfig:
         raise SpecjaxError(f"adaptation setting {name} must be >= 1, got {getattr(self, name)}")
     if self.every < 0:
       raise SpecjaxError(f"--adapt-every must be >= 0 (0: adapt only while idle), got {self.every}")
+    if not self.replay > 0:
+      raise SpecjaxError(f"adaptation replay must be > 0 (passes over each served position), got {self.replay}")
     if not self.learning_rate > 0:
       raise SpecjaxError(f"--adapt-lr must be > 0, got {self.learning_rate}")
     if self.matmul_dtype not in ("float32", "bfloat16"):
@@ -198,6 +204,7 @@ class OnlineAdapter:
 
     self._jit_step = jax.jit(_step, donate_argnums=(0,))
     self.steps, self.train_s, self.observe_s, self.history = 0, 0.0, 0.0, []
+    self.budget = 0.0
     self._busy_since_step = 0
     self.ckpt = None
     if checkpoint_dir is not None:
@@ -231,11 +238,13 @@ class OnlineAdapter:
     final = rec[:, -D:]
     feats = rec[:, :self.feat_dim] if self.ecfg.fused else final
     self.buffer.add(tokens, feats, final, prompt_len)
+    self.budget += self.cfg.replay * len(tokens) / (self.cfg.batch_size * self.cfg.seq_len)
     self.observe_s += time.perf_counter() - t0
 
   @property
   def ready(self) -> bool:
-    return self.buffer.tokens_held >= self.cfg.min_tokens
+    """Enough in the buffer, and steps left in the budget the traffic has earned."""
+    return self.buffer.tokens_held >= self.cfg.min_tokens and self.budget >= 1.0
 
   # ------------------------------------------------------------------ learning
   def warmup(self) -> float:
@@ -254,6 +263,7 @@ class OnlineAdapter:
     t0 = time.perf_counter()
     batch = self.buffer.batch(self.cfg.batch_size)
     self.state, metrics = self._jit_step(self.state, self.frozen, batch)
+    self.budget = max(0.0, self.budget - 1.0)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     self.steps += 1
     dt = time.perf_counter() - t0
@@ -299,7 +309,7 @@ class OnlineAdapter:
   def stats(self) -> dict:
     """What the adapter did: steps, seconds, the buffer's fill against its bound, the last losses."""
     last = self.history[-1] if self.history else {}
-    return {"steps": self.steps, "train_s": self.train_s, "observe_s": self.observe_s,
+    return {"steps": self.steps, "train_s": self.train_s, "observe_s": self.observe_s, "budget": self.budget,
             "buffer_tokens": self.buffer.tokens_held, "buffer_capacity": self.buffer.capacity,
             "buffer_bytes": self.buffer.nbytes, "buffer_capacity_bytes": self.buffer.capacity_bytes,
             "requests_seen": self.buffer.added, "evicted": self.buffer.evicted,
