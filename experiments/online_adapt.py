@@ -35,18 +35,26 @@ def _acceptance(points, a: float, b: float) -> float | None:
 
 
 def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str | None = None,
-                 prompts: str = "specjax-prompts", first=CHAT, then=("code", "coding"), requests: int = 48,
+                 prompts: str = "specjax-prompts", first=CHAT, then=("code", "coding"), then_generated: int = 0,
+                 requests: int = 48,
                  rate: float = 0.4, max_new_tokens: int = 128, max_len: int = 1024, k: int = 4, slots: int = 2,
                  learning_rate: float = 3e-4, buffer_tokens: int = 16384, batch_size: int = 2, seq_len: int = 256,
                  unroll: int = 2, replay: float = 4.0, every: int = 0, matmul_dtype: str = "float32", window_s: float = 10.0,
                  adapt_dir: str | None = None, seed: int = 0, log=print) -> dict:
   """``draft``: a trained feature drafter's directory (``specjax train configs/eagle_smollm2.gin``).
+  ``then_generated`` > 0: after the shift, that many distinct code tasks made by the project
+  (``training.code_prompts.code_requests``, seeded) instead of the ``then`` categories of ``prompts``.
   ``adapt_dir``: where the adapted head is checkpointed (None: not saved)."""
   if not draft:
     raise SpecjaxError("online_adapt needs a trained feature drafter: bind online_adapt.draft = 'RUN/drafter' "
                        "(`specjax train configs/eagle_smollm2.gin` makes one)")
-  items = trace_lib.shifted([p.text for p in pick_prompts(prompts, list(first))],
-                            [p.text for p in pick_prompts(prompts, list(then))], requests, rate, seed,
+  if then_generated:
+    from specjax.training.code_prompts import code_requests
+    second = [r["prompt"] for r in code_requests(then_generated, seed)]
+    then = (f"{then_generated} generated code tasks",)
+  else:
+    second = [p.text for p in pick_prompts(prompts, list(then))]
+  items = trace_lib.shifted([p.text for p in pick_prompts(prompts, list(first))], second, requests, rate, seed,
                             max_new_tokens)
   m = api.load(model, weights=weights)
   encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in items]

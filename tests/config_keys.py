@@ -73,6 +73,7 @@ TINY: dict[str, list[str]] = {
                      "suffix_trace.index_tokens = 64"],
     "online_adapt": ["online_adapt.model = '{model}'", "online_adapt.prompts = '{prompts}'",
                      "online_adapt.draft = '{head}'", "online_adapt.first = ['qa']", "online_adapt.then = ['qa']",
+                     "online_adapt.then_generated = 0",
                      "online_adapt.requests = 6", "online_adapt.rate = 0.0", "online_adapt.max_new_tokens = 6",
                      "online_adapt.max_len = 128", "online_adapt.k = 3", "online_adapt.seq_len = 32",
                      "online_adapt.buffer_tokens = 128", "online_adapt.every = 1",

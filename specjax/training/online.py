@@ -190,8 +190,10 @@ class OnlineAdapter:
     self.buffer = ReplayBuffer(cfg.buffer_tokens, cfg.seq_len, self.feat_dim, D, cfg.seed)
     self.lcfg = eagle_train.LossConfig(kind=cfg.loss, w_reg=cfg.w_reg, unroll=ecfg.parallel or cfg.unroll,
                                        matmul_dtype=cfg.matmul_dtype)
-    self.opt = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                           optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay))
+    # A step whose gradients are not finite is skipped (the served head never takes a NaN).
+    self.opt = optax.apply_if_finite(optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                                                 optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)),
+                                     max_consecutive_errors=1_000_000)
     self.state = {"params": trainable, "opt_state": self.opt.init(trainable), "step": jnp.zeros((), jnp.int32)}
     ecfg_, lcfg, opt = ecfg, self.lcfg, self.opt
 
@@ -205,6 +207,7 @@ class OnlineAdapter:
     self._jit_step = jax.jit(_step, donate_argnums=(0,))
     self.steps, self.train_s, self.observe_s, self.history = 0, 0.0, 0.0, []
     self.budget = 0.0
+    self.skipped = 0               # requests left out (a recorded feature not finite)
     self._busy_since_step = 0
     self.ckpt = None
     if checkpoint_dir is not None:
@@ -234,6 +237,9 @@ class OnlineAdapter:
     (``record``'s layout: the drafter's layers, then the final hidden state)."""
     t0 = time.perf_counter()
     rec = np.asarray(recorded_TxF)
+    if not np.all(np.isfinite(rec[:-1])):     # a feature past float16's range: left out, counted
+      self.skipped += 1
+      return
     D = self.ecfg.target.d_model
     final = rec[:, -D:]
     feats = rec[:, :self.feat_dim] if self.ecfg.fused else final
@@ -312,5 +318,5 @@ class OnlineAdapter:
     return {"steps": self.steps, "train_s": self.train_s, "observe_s": self.observe_s, "budget": self.budget,
             "buffer_tokens": self.buffer.tokens_held, "buffer_capacity": self.buffer.capacity,
             "buffer_bytes": self.buffer.nbytes, "buffer_capacity_bytes": self.buffer.capacity_bytes,
-            "requests_seen": self.buffer.added, "evicted": self.buffer.evicted,
+            "requests_seen": self.buffer.added, "evicted": self.buffer.evicted, "skipped": self.skipped,
             "last": {k: v for k, v in last.items() if k not in ("t",)}}
