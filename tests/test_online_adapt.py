@@ -29,7 +29,7 @@ def test_replay_buffer_is_bounded_and_packs_reply_positions():
     feats = np.full((T, 6), i, np.float16)
     buf.add(np.arange(T) + 1000 * i, feats, feats[:, :3], prompt_len=5)
     assert buf.tokens_held <= 100 and buf.nbytes <= buf.capacity_bytes
-  assert buf.evicted > 0 and len(buf) + buf.evicted == buf.added == 12
+  assert buf.evicted > 0 and len(buf) + buf.evicted == buf.windows_added > buf.added == 12
   b = buf.batch(3)
   assert b["tokens"].shape == (3, 40) and b["feats"].shape == (3, 40, 6) and b["final"].shape == (3, 40, 3)
   for row in range(3):
@@ -37,11 +37,21 @@ def test_replay_buffer_is_bounded_and_packs_reply_positions():
       at = np.flatnonzero(b["seg"][row] == s)
       toks, pos, mask = b["tokens"][row, at], b["pos"][row, at], b["loss_mask"][row, at]
       seq = toks[0] // 1000
-      # absolute positions (a sequence longer than a row keeps its tail), features of the same sequence
+      # absolute positions (windows of a long sequence), features of the same sequence
       assert np.all(toks == pos + 1000 * seq) and np.all(b["feats"][row, at] == seq)
-      # positions that predict a reply token: from the last prompt token to the one before the last
-      assert not mask[-1] and np.all(mask[np.flatnonzero(pos >= 4)[:-1]])
-      assert not np.any(mask[pos < 4])
+      # positions that predict a reply token: from the last prompt token to the one before the window's last
+      assert not mask[-1] and not np.any(mask[pos < 4])
+      assert np.all(mask[1:-1][pos[1:-1] >= 4])
+  # every position of a sequence from the last prompt token on is predicted exactly once, across its windows
+  one = online.ReplayBuffer(capacity=1000, seq_len=16, feat_dim=2, final_dim=2)
+  T = 70
+  one.add(np.arange(T), np.zeros((T, 2)), np.zeros((T, 2)), prompt_len=30)
+  predicted = []
+  for w in one._seqs:
+    n = len(w["tokens"])
+    predicted += (w["start"] + np.arange(w["first"], n - 1)).tolist()
+  assert sorted(predicted) == list(range(29, T - 1))
+  assert all(len(w["tokens"]) <= 16 for w in one._seqs)
   with pytest.raises(SpecjaxError, match="empty"):
     online.ReplayBuffer(10, 8, 2, 2).batch(1)
 

@@ -84,16 +84,18 @@ class AdaptConfig:
 
 class ReplayBuffer:
   """Finished requests' tokens and recorded features, at most ``capacity`` positions in all (the oldest
-  sequences evicted first; a sequence longer than ``seq_len`` keeps its last ``seq_len`` positions, its
-  absolute positions kept for the rotary embedding).  ``batch`` packs randomly drawn sequences into rows
-  laid out as ``eagle_train.PackedBatcher.assemble`` does."""
+  evicted first).  A sequence longer than ``seq_len`` is kept as consecutive windows of ``seq_len`` positions
+  from its first predicted position on (the prompt before the last ``seq_len`` positions of it is dropped),
+  each with its absolute positions for the rotary embedding; a window attends only within itself.  ``batch``
+  packs randomly drawn windows into rows laid out as ``eagle_train.PackedBatcher.assemble`` does."""
 
   def __init__(self, capacity: int, seq_len: int, feat_dim: int, final_dim: int, seed: int = 0):
     self.capacity, self.T, self.F, self.D = int(capacity), int(seq_len), int(feat_dim), int(final_dim)
     self._seqs: collections.deque[dict] = collections.deque()
     self.tokens_held = 0
     self.added = 0                 # sequences ever added
-    self.evicted = 0
+    self.windows_added = 0         # windows they were cut into
+    self.evicted = 0               # windows evicted
     self.rng = np.random.default_rng(seed)
 
   def __len__(self) -> int:
@@ -106,15 +108,21 @@ class ReplayBuffer:
     T = len(tokens)
     if T < 2 or T - prompt_len < 1:
       return
-    start = max(0, T - self.T)
-    if prompt_len - 1 < start:            # the kept window starts inside the reply
-      first = 0
-    else:
-      first = prompt_len - 1 - start
-    seq = {"tokens": tokens[start:], "start": start, "first": first,
-           "feats": np.asarray(feats_TxF[start:T], np.float16), "final": np.asarray(final_TxD[start:T], np.float16)}
-    self._seqs.append(seq)
-    self.tokens_held += len(seq["tokens"])
+    # The first window holds up to half a window of the prompt's end and the reply's start; the rest of the
+    # reply follows in windows that overlap the one before by two positions, so every position is predicted
+    # once, reading its previous position's feature (``first`` = 1 in them: position 0 only supplies it).
+    start = max(0, min(prompt_len - 1 - (self.T - 1) // 2, T - self.T))
+    first = prompt_len - 1 - start
+    while True:
+      end = min(start + self.T, T)
+      self._seqs.append({"tokens": tokens[start:end], "start": start, "first": first,
+                         "feats": np.asarray(feats_TxF[start:end], np.float16),
+                         "final": np.asarray(final_TxD[start:end], np.float16)})
+      self.tokens_held += end - start
+      self.windows_added += 1
+      if end >= T:
+        break
+      start, first = end - 2, 1
     self.added += 1
     while self.tokens_held > self.capacity and self._seqs:
       old = self._seqs.popleft()
