@@ -8,7 +8,9 @@ fixed-k policy, ``slots`` slots) with the same trained head (``draft``): once as
 every ``every`` busy steps, the weights swapped in between steps).
 
 Reported: acceptance (accepted ÷ offered drafts) in time windows and by phase, with the phase after the shift
-split into thirds (adaptation should lift the later thirds, the run without it should not move); greedy
+split into thirds; and paired by request (each request is served in both runs with the same tokens, so
+acceptance on − off over the same requests removes the request-to-request spread): adaptation should lift the
+later thirds after the shift; greedy
 tokens of the two runs compared request by request (the target's, whatever the head); request latency
 (arrival to last token), time to first token and inter-token latency percentiles of both runs (on within 10%
 of off is the goal); compilations during each
@@ -112,12 +114,35 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
     summary[label] = s
   off, on = served["adaptation off"], served["adaptation on"]
   summary["identical"] = f"{sum(a.tokens == b.tokens for a, b in zip(off, on))}/{len(off)}"
+  # Paired by request (the same request, the same tokens in both runs): acceptance with adaptation minus
+  # without, over the requests of each phase and of each third of the phase after the shift (arrival order).
+  phase = [r["phase"] for r in items]
+  after = [i for i, p in enumerate(phase) if p == 1]
+  groups = {"before_shift": [i for i, p in enumerate(phase) if p == 0], "after_shift": after,
+            **{f"after_shift_third_{j + 1}": list(part) for j, part in enumerate(np.array_split(after, 3))}}
+
+  def rate(reqs, idx):
+    offered = sum(reqs[i].drafts_offered for i in idx)
+    return sum(reqs[i].drafts_accepted for i in idx) / offered if offered else None
+
+  summary["paired_by_request"] = {
+      g: {"off": round(rate(off, idx), 4), "on": round(rate(on, idx), 4),
+          "on_minus_off": round(rate(on, idx) - rate(off, idx), 4), "requests": len(idx)}
+      for g, idx in groups.items() if idx and rate(off, idx) is not None}
+  summary["requests"] = [{"i": i, "phase": phase[i], "arrival_s": round(items[i]["arrival"], 2),
+                          "tokens": len(off[i].tokens),
+                          "acceptance_off": round(off[i].drafts_accepted / max(off[i].drafts_offered, 1), 4),
+                          "acceptance_on": round(on[i].drafts_accepted / max(on[i].drafts_offered, 1), 4)}
+                         for i in range(len(items))]
   for q in ("p50", "p99"):
     for name in ("latency", "ttft", "itl"):
       a, b = runs["adaptation off"][f"{name}_s"][q], runs["adaptation on"][f"{name}_s"][q]
       summary[f"{name}_{q}_on_over_off"] = round(b / a, 3) if a and b else None
-  log(f"[online_adapt] after the shift, by thirds: off {summary['adaptation off']['after_shift_thirds']}, "
-      f"on {summary['adaptation on']['after_shift_thirds']}; identical {summary['identical']}; "
+  pr = summary["paired_by_request"]
+  log(f"[online_adapt] paired by request, on - off: before the shift {pr['before_shift']['on_minus_off']:+.3f}, "
+      f"after it by thirds " + ", ".join(f"{pr[f'after_shift_third_{j}']['on_minus_off']:+.3f}" for j in (1, 2, 3)
+                                         if f"after_shift_third_{j}" in pr)
+      + f"; identical {summary['identical']}; "
       f"p99 on/off: latency {summary['latency_p99_on_over_off']}, time to first token "
       f"{summary['ttft_p99_on_over_off']}, inter-token {summary['itl_p99_on_over_off']}")
   return {"title": f"online adaptation of a trained head on a shifted trace: {model}, {requests} requests, "
@@ -132,5 +157,7 @@ def plot(result: dict, out_dir) -> None:
   series = result.get("series")
   if not series:
     return
+  reqs = result["summary"].get("requests", [])
   plots.acceptance_over_time(series, str(out_dir / "acceptance_over_time.png"), window_s=result.get("window_s", 10.0),
-                             shift_s=result["summary"]["trace"]["shift_s"])
+                             shift_s=result["summary"]["trace"]["shift_s"],
+                             paired=[(r["arrival_s"], r["acceptance_on"] - r["acceptance_off"]) for r in reqs])

@@ -70,6 +70,8 @@ class Request:
   token_times: list[float] = dataclasses.field(default_factory=list)
   finished: float | None = None
   finish_reason: str | None = None      # "stop" (EOS), "length", "cancelled"
+  drafts_offered: int = 0               # draft tokens its steps offered it (its k each step)
+  drafts_accepted: int = 0              # of which accepted
   cancelled: bool = False
 
   @property
@@ -334,6 +336,10 @@ class ContinuousBatcher:
         self.state.rows.logprob_BxS if self.per_request else None))
     if offered is not None:
       self.tracker.update(live, offered, accepted - self._accepted)
+      for slot, r in enumerate(self.running):      # each request's own drafts offered and accepted
+        if r is not None and live[slot]:
+          r.drafts_offered += int(offered[slot])
+          r.drafts_accepted += int(accepted[slot] - self._accepted[slot])
     self._accepted = accepted.astype(np.int64)
     total = 0
     for slot, r in enumerate(self.running):

@@ -41,9 +41,11 @@ def windowed_acceptance(points, window_s: float) -> tuple[list[float], list[floa
   return times, rates
 
 
-def acceptance_over_time(runs: dict, path: str, window_s: float = 10.0, shift_s: float | None = None) -> None:
+def acceptance_over_time(runs: dict, path: str, window_s: float = 10.0, shift_s: float | None = None,
+                         paired=()) -> None:
   """Draft acceptance by time for several served runs of one trace (``runs``: label -> report), in windows
-  of ``window_s`` seconds; the shift of a shifted trace and each run's adaptation steps marked."""
+  of ``window_s`` seconds; the shift of a shifted trace and each run's adaptation steps marked; ``paired``:
+  (arrival, acceptance difference) per request, drawn as points."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -57,9 +59,13 @@ def acceptance_over_time(runs: dict, path: str, window_s: float = 10.0, shift_s:
               label=f"{label}: adaptation steps")
   if shift_s is not None:
     ax.axvline(shift_s, color="gray", ls="--", label="traffic shifts")
+  if paired:
+    t, d = zip(*paired)
+    ax.plot(t, d, "k.", ms=4, alpha=0.7, label="per request: on − off (same request)")
+    ax.axhline(0, color="k", lw=0.6)
   ax.set_xlabel("time (s)")
   ax.set_ylabel(f"drafts accepted ({window_s:g} s windows)")
-  ax.set_ylim(0, 1)
+  ax.set_ylim(-0.3 if paired else 0, 1)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc="best")
   fig.tight_layout()
