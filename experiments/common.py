@@ -24,3 +24,15 @@ def setup(model: str, prompts: list[Prompt], batch_size: int, max_new_tokens: in
   batches = bench.make_batches(m, prompts, batch_size, max_new_tokens, max_len)
   log(f"[experiment] {model}: {len(prompts)} prompts, batch {batch_size}, {max_new_tokens} new tokens")
   return m, d, batches
+
+
+def encode_trace(m, items: list[dict], max_new_tokens: int, k: int, max_len: int, name: str):
+  """(each request's chat-encoded prompt, the longest's length) for a served trace; refuses a prompt that
+  does not fit buffers of ``max_len`` with ``max_new_tokens`` and the batcher's headroom (k + 2)."""
+  from specjax.errors import SpecjaxError
+  encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in items]
+  longest = max(map(len, encoded))
+  if longest + max_new_tokens + k + 2 > max_len:
+    raise SpecjaxError(f"{name}: a prompt of {longest} tokens + {max_new_tokens} new does not fit max_len "
+                       f"{max_len}: raise max_len")
+  return encoded, longest

@@ -25,7 +25,7 @@ from specjax.errors import SpecjaxError
 from specjax.measure.compiles import count_compiles
 from specjax.serving import batcher as bt, factory, plots, trace as trace_lib
 from specjax.training import online
-from experiments.common import pick_prompts
+from experiments.common import encode_trace, pick_prompts
 
 CHAT = ("writing", "roleplay", "humanities", "stem", "reasoning", "extraction", "qa", "summarization")
 
@@ -59,11 +59,7 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
   items = trace_lib.shifted([p.text for p in pick_prompts(prompts, list(first))], second, requests, rate, seed,
                             max_new_tokens)
   m = api.load(model, weights=weights)
-  encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in items]
-  longest = max(map(len, encoded))
-  if longest + max_new_tokens + k + 2 > max_len:
-    raise SpecjaxError(f"online_adapt: a prompt of {longest} tokens + {max_new_tokens} new does not fit max_len "
-                       f"{max_len}: raise max_len")
+  encoded, longest = encode_trace(m, items, max_new_tokens, k, max_len, "online_adapt")
   cfg = online.AdaptConfig(learning_rate=learning_rate, batch_size=batch_size, seq_len=seq_len, unroll=unroll,
                            buffer_tokens=buffer_tokens, min_tokens=seq_len, every=every, replay=replay,
                            matmul_dtype=matmul_dtype, seed=seed)

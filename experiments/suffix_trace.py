@@ -21,10 +21,9 @@ import time
 import numpy as np
 
 from specjax import api, paired
-from specjax.errors import SpecjaxError
 from specjax.serving import batcher as bt, factory, trace as trace_lib
 from specjax.speculative import suffix
-from experiments.common import pick_prompts
+from experiments.common import encode_trace, pick_prompts
 
 
 def _serve_one(b: bt.ContinuousBatcher, ids: list[int], max_new: int) -> tuple[list[int], float, int]:
@@ -45,11 +44,7 @@ def suffix_trace(model: str = "smollm2-135m", weights: str = "auto", prompts: st
   chosen = pick_prompts(prompts, categories, None, None)
   reqs = trace_lib.repeated([p.text for p in chosen], tasks, repeats, 0.0, seed, max_new_tokens)
   m = api.load(model, weights=weights)
-  encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in reqs]
-  longest = max(map(len, encoded))
-  if longest + max_new_tokens + k + 1 > max_len:
-    raise SpecjaxError(f"suffix_trace: a prompt of {longest} tokens + {max_new_tokens} new does not fit "
-                       f"max_len {max_len}: raise max_len")
+  encoded, longest = encode_trace(m, reqs, max_new_tokens, k, max_len, "suffix_trace")
   methods = {"plain": dict(drafter="none", k=0), f"ngram k{ngram_k}": dict(drafter="ngram", k=ngram_k),
              f"suffix k{k}": dict(drafter="suffix", k=k)}
   log(f"[suffix_trace] {model}: {len(reqs)} requests ({tasks} tasks x {repeats} rounds), "
