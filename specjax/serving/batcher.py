@@ -87,8 +87,7 @@ class StepRecord:
   rows: int
   committed: int
   seconds: float
-  offered: int = 0              # draft tokens the step offered the live sequences (their k)
-  accepted: int = 0             # of which accepted
+  accepted: int = 0             # drafts accepted (offered: rows - live, each live sequence's k)
 
 
 class ContinuousBatcher:
@@ -297,7 +296,7 @@ class ContinuousBatcher:
         self._finish(r, now, "cancelled")
     self._admit_waiting(now)
     # The first token of each new request comes from its prefill.
-    committed = self._read_back(self.clock(), offered=None)
+    committed, _ = self._read_back(self.clock(), offered=None)
     live = np.array([r is not None and not r.done for r in self.running])
     if not live.any():
       return committed
@@ -307,11 +306,9 @@ class ContinuousBatcher:
     t0 = time.perf_counter()
     self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
                                 self._put(dec.k_B.astype(np.int32)))
-    before = self._accepted.copy()
-    got = self._read_back(self.clock(), offered=dec.k_B, live=live)
+    got, accepted_B = self._read_back(self.clock(), offered=dec.k_B, live=live)
     self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
-                                   got, time.perf_counter() - t0, int(np.sum(np.where(live, dec.k_B, 0))),
-                                   int(np.sum(np.where(live, self._accepted - before, 0)))))
+                                   got, time.perf_counter() - t0, int(np.sum(np.where(live, accepted_B, 0)))))
     if self.adapter is not None and self.adapter.busy_tick():
       self.adapt()
     return committed + got
@@ -329,17 +326,19 @@ class ContinuousBatcher:
                            **metrics})
     return True
 
-  def _read_back(self, now: float, offered, live=None) -> int:
-    # One transfer per step; the per-request mode's logprobs come with the tokens.
+  def _read_back(self, now: float, offered, live=None) -> tuple[int, np.ndarray]:
+    """Hand the committed tokens to their requests; returns (tokens handed out, accepted drafts per slot in
+    this step).  One transfer per step; the per-request mode's logprobs come with the tokens."""
     seq, num_new, done, accepted, logprob = jax.device_get((
         self.state.seq_BxS, self.state.num_new_B, self.state.done_B, self.state.stats.accepted_B,
         self.state.rows.logprob_BxS if self.per_request else None))
+    accepted_B = accepted - self._accepted            # this step's accepted drafts per slot
     if offered is not None:
-      self.tracker.update(live, offered, accepted - self._accepted)
+      self.tracker.update(live, offered, accepted_B)
       for slot, r in enumerate(self.running):      # each request's own drafts offered and accepted
         if r is not None and live[slot]:
           r.drafts_offered += int(offered[slot])
-          r.drafts_accepted += int(accepted[slot] - self._accepted[slot])
+          r.drafts_accepted += int(accepted_B[slot])
     self._accepted = accepted.astype(np.int64)
     total = 0
     for slot, r in enumerate(self.running):
@@ -362,7 +361,7 @@ class ContinuousBatcher:
       if done[slot]:
         eos = bool(r.tokens) and r.tokens[-1] in self.eos_ids
         self._finish(r, now, "stop" if eos else "length")
-    return total
+    return total, accepted_B
 
   # ------------------------------------------------------------------ a whole trace
   def run(self, requests: Sequence[Request], log=None, time_limit: float | None = None) -> dict:

@@ -54,5 +54,5 @@ def report(requests: Sequence, history: Sequence, start: float, end: float,
           "steps": len(history), "mean_k": float(np.mean(ks)) if ks else 0.0,
           "k_share": {str(k): ks.count(k) / len(ks) for k in sorted(set(ks))} if ks else {},
           "k_over_time": [[round(h.t - start, 4), h.k, h.live] for h in history],
-          "accept_over_time": [[round(h.t - start, 4), h.offered, h.accepted] for h in history],
+          "accept_over_time": [[round(h.t - start, 4), h.rows - h.live, h.accepted] for h in history],
           "mean_live": float(np.mean([h.live for h in history])) if history else 0.0}

@@ -190,8 +190,7 @@ class OnlineAdapter:
     stacked = model_lib.stack_layers(draft_params) if self._unstacked else draft_params
     engine_trainable = {k: v for k, v in stacked.items() if k not in FROZEN}
     self._dtypes = jax.tree_util.tree_map(lambda x: x.dtype, engine_trainable)
-    # float32 copies: the engine's arrays are never the optimizer's (a step may not touch what the engine runs)
-    trainable = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32, copy=True), engine_trainable)
+    trainable = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), engine_trainable)
     self.frozen = _training_frozen(draft_params)
     D = ecfg.target.d_model
     self.record = Record(taps=tuple(ecfg.feature_layers), top_k=0, final=True)
@@ -213,7 +212,7 @@ class OnlineAdapter:
       return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
               "step": state["step"] + 1}, metrics
 
-    self._jit_step = jax.jit(_step)
+    self._jit_step = jax.jit(_step)   # no donation: the engine may hold the same arrays (same dtype, no copy)
     self.steps, self.train_s, self.observe_s, self.history = 0, 0.0, 0.0, []
     self.budget = 0.0
     self.skipped = 0               # requests left out (a recorded feature not finite)
@@ -300,7 +299,7 @@ class OnlineAdapter:
 
   def draft_params(self) -> dict:
     """The engine's draft params with the adapted weights, in the shapes and dtypes it was compiled for."""
-    adapted = jax.tree_util.tree_map(lambda x, d: jnp.array(x, d, copy=True), self.state["params"], self._dtypes)
+    adapted = jax.tree_util.tree_map(lambda x, d: x.astype(d), self.state["params"], self._dtypes)
     if self._unstacked:
       adapted = model_lib.unstack_layers(adapted)
     return {**self._engine_params, **adapted}
