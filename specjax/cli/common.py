@@ -129,13 +129,11 @@ def add_adapt_flags(p: argparse.ArgumentParser) -> None:
 
 def adapter_factory(args):
   """None, or what ``ContinuousBatcher(adapter_factory=...)`` calls with the built drafter and its params."""
-  if not getattr(args, "adapt", False):
-    for flag in ("adapt_dir",):
-      if getattr(args, flag, None):
-        from specjax.errors import SpecjaxError
-        raise SpecjaxError(f"--{flag.replace('_', '-')} needs --adapt")
-    return None
   from specjax.errors import SpecjaxError
+  if not getattr(args, "adapt", False):
+    if getattr(args, "adapt_dir", None):
+      raise SpecjaxError("--adapt-dir needs --adapt")
+    return None
   if drafters().get(args.drafter).draft != "head":
     raise SpecjaxError(f"--adapt trains a feature drafter's head from served traffic: use --drafter eagle (or "
                        f"eagle-parallel) --draft DIR, not --drafter {args.drafter}")
