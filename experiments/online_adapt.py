@@ -41,7 +41,8 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
                  requests: int = 48,
                  rate: float = 0.4, max_new_tokens: int = 128, max_len: int = 1024, k: int = 4, slots: int = 2,
                  learning_rate: float = 3e-4, buffer_tokens: int = 16384, batch_size: int = 2, seq_len: int = 256,
-                 unroll: int = 2, replay: float = 4.0, every: int = 0, matmul_dtype: str = "float32", window_s: float = 10.0,
+                 unroll: int = 2, replay: float = 4.0, every: int = 0, accumulate: int = 1,
+                 matmul_dtype: str = "float32", window_s: float = 10.0,
                  adapt_dir: str | None = None, seed: int = 0, log=print) -> dict:
   """``draft``: a trained feature drafter's directory (``specjax train configs/eagle_smollm2.gin``).
   ``then_generated`` > 0: after the shift, that many distinct code tasks made by the project
@@ -62,7 +63,7 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
   encoded, longest = encode_trace(m, items, max_new_tokens, k, max_len, "online_adapt")
   cfg = online.AdaptConfig(learning_rate=learning_rate, batch_size=batch_size, seq_len=seq_len, unroll=unroll,
                            buffer_tokens=buffer_tokens, min_tokens=seq_len, every=every, replay=replay,
-                           matmul_dtype=matmul_dtype, seed=seed)
+                           accumulate=accumulate, matmul_dtype=matmul_dtype, seed=seed)
   shift = next(r["arrival"] for r in items if r["phase"] == 1)
   log(f"[online_adapt] {model}: {requests} requests at {rate}/s, {', '.join(first)} then {', '.join(then)} "
       f"(shift at {shift:.1f}s), {max_new_tokens} new tokens, k {k}, {slots} slots")

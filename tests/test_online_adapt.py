@@ -163,6 +163,26 @@ def test_adaptation_steps_learn_repeated_traffic(tiny, tmp_path):
   assert last["accept_s1"] > np.mean([m["accept_s1"] for m in first]) + 0.05
 
 
+def test_accumulated_steps_update_the_head_once_every_n(tiny, tmp_path):
+  """``accumulate`` = 3: the served weights stay as they were for two micro-steps and change at the third (one
+  update from the three averaged gradients)."""
+  import dataclasses
+  head = _head_dir(tiny, tmp_path)
+  drafter, params = api.build_drafter(tiny, "eagle", draft=head, k=3)[:2]
+  ad = online.OnlineAdapter.for_engine(drafter, params, dataclasses.replace(SMALL, accumulate=3))
+  gens, _ = api.generate(tiny, PROMPTS[:3], max_new_tokens=20, batch_size=3, record=ad.record)
+  for g in gens:
+    ad.observe(list(tiny.tokenizer.encode_chat(g.prompt)) + g.token_ids, g.recorded["features"], g.prompt_tokens)
+  fc = [np.asarray(ad.draft_params()["fc"])]
+  for _ in range(6):
+    ad.step()
+    fc.append(np.asarray(ad.draft_params()["fc"]))
+  changed = [not np.array_equal(a, b) for a, b in zip(fc, fc[1:])]
+  assert changed == [False, False, True, False, False, True]
+  with pytest.raises(SpecjaxError, match="accumulate"):
+    online.AdaptConfig(accumulate=0)
+
+
 def test_adapt_needs_a_head_and_dir_needs_adapt(tmp_path):
   p = specjax_here("serve-sim", "--model", str(tmp_path / "nope.gguf"), "--drafter", "ngram", "--adapt")
   assert_clean_error(p, "--adapt", "--drafter eagle")

@@ -123,6 +123,9 @@ def add_adapt_flags(p: argparse.ArgumentParser) -> None:
                  help="--adapt: times each served position is trained on, on average (the step budget traffic earns)")
   p.add_argument("--adapt-every", type=flags.NONNEG, default=0,
                  help="--adapt: also one step every N busy decode steps (0: only while no request waits)")
+  p.add_argument("--adapt-accumulate", type=flags.COUNT, default=1,
+                 help="--adapt: update the head once every N steps from their averaged gradients (short steps: "
+                      "a request arriving while the idle server trains waits at most one)")
   p.add_argument("--adapt-checkpoint-every", type=flags.COUNT, default=50,
                  help="--adapt-dir: save every N adaptation steps (and when the server stops)")
 
@@ -141,7 +144,7 @@ def adapter_factory(args):
   from specjax.training import online
   cfg = online.AdaptConfig(learning_rate=args.adapt_lr, batch_size=args.adapt_batch, seq_len=args.adapt_seq_len,
                            buffer_tokens=args.adapt_buffer_tokens, every=args.adapt_every, replay=args.adapt_replay,
-                           checkpoint_every=args.adapt_checkpoint_every,
+                           checkpoint_every=args.adapt_checkpoint_every, accumulate=args.adapt_accumulate,
                            min_tokens=min(args.adapt_seq_len, args.adapt_buffer_tokens))
   return functools.partial(online.OnlineAdapter.for_engine, cfg=cfg, checkpoint_dir=args.adapt_dir, log=log,
                            fingerprint={"drafter": str(args.draft)})

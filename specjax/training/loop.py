@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import distributed
+from specjax import compile_cache, distributed
 from specjax import progress as progress_lib
 from specjax.errors import SpecjaxError
 from specjax.training.checkpoint import Checkpointer
@@ -200,6 +200,7 @@ def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int,
                          f"starts at step {start}: resume from it or use another --run-dir")
   run_dir = Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
+  compile_cache.enable()     # a resumed run reads its training step back instead of compiling it again
   metrics_path = run_dir / METRICS
   main = distributed.is_main()        # several processes: one writes the metrics and the plot
   kept = _truncate_metrics(metrics_path, start) if main else []

@@ -46,7 +46,10 @@ class AdaptConfig:
   position is trained on (each finished request adds ``replay × positions ÷ (batch_size × seq_len)`` steps
   to the budget the adapter may take: training follows the traffic, and an idle server stops once it has
   learned what it saw); ``every``: also one step every ``every`` busy decode steps (0: only while idle);
-  ``checkpoint_every``: save every this many adaptation steps."""
+  ``accumulate``: the optimizer updates the head once every this many steps, from their averaged gradients
+  (``optax.MultiSteps``): each step is then a short micro-step (a small ``seq_len``), so that a request
+  arriving while the idle server trains waits at most one micro-step, while each update still sees
+  ``accumulate × batch_size × seq_len`` positions; ``checkpoint_every``: save every this many steps."""
   learning_rate: float = 1e-4
   weight_decay: float = 0.0
   clip_norm: float = 1.0
@@ -59,14 +62,15 @@ class AdaptConfig:
   min_tokens: int = 256
   replay: float = 4.0
   every: int = 0
+  accumulate: int = 1
   checkpoint_every: int = 50
   keep_checkpoints: int = 2
   matmul_dtype: str = "float32"     # or bfloat16: the training forward's matmuls (several times faster on AMX)
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("batch_size", "seq_len", "unroll", "buffer_tokens", "min_tokens", "checkpoint_every",
-                 "keep_checkpoints"):
+    for name in ("batch_size", "seq_len", "unroll", "buffer_tokens", "min_tokens", "accumulate",
+                 "checkpoint_every", "keep_checkpoints"):
       if int(getattr(self, name)) < 1:
         raise SpecjaxError(f"adaptation setting {name} must be >= 1, got {getattr(self, name)}")
     if self.every < 0:
@@ -166,11 +170,15 @@ class ReplayBuffer:
     return out
 
 
-def _training_frozen(params: dict) -> dict:
-  """The frozen part as the training forward reads it: a quantized head dequantized to float32."""
+def _training_frozen(params: dict, matmul_dtype: str) -> dict:
+  """The frozen part as the training forward reads it: a quantized head dequantized, and the head cast once
+  to ``matmul_dtype`` (the step's products read it in that type: the same numbers, without a cast of the
+  vocabulary-sized matrix in every step)."""
   out = {k: params[k] for k in FROZEN if k in params}
   if is_quantized(out.get("lm_head")):
     out["lm_head"] = out["lm_head"].dequantize(jnp.float32)
+  if "lm_head" in out:
+    out["lm_head"] = jnp.asarray(out["lm_head"], matmul_dtype)
   return out
 
 
@@ -191,17 +199,20 @@ class OnlineAdapter:
     engine_trainable = {k: v for k, v in stacked.items() if k not in FROZEN}
     self._dtypes = jax.tree_util.tree_map(lambda x: x.dtype, engine_trainable)
     trainable = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), engine_trainable)
-    self.frozen = _training_frozen(draft_params)
+    self.frozen = _training_frozen(draft_params, cfg.matmul_dtype)
     D = ecfg.target.d_model
     self.record = Record(taps=tuple(ecfg.feature_layers), top_k=0, final=True)
     self.feat_dim = D * max(len(ecfg.feature_layers), 1)
     self.buffer = ReplayBuffer(cfg.buffer_tokens, cfg.seq_len, self.feat_dim, D, cfg.seed)
     self.lcfg = eagle_train.LossConfig(kind=cfg.loss, w_reg=cfg.w_reg, unroll=ecfg.parallel or cfg.unroll,
                                        matmul_dtype=cfg.matmul_dtype)
-    # A step whose gradients are not finite is skipped (the served head never takes a NaN).
+    # An update whose gradients are not finite is skipped (the served head never takes a NaN); with
+    # ``accumulate`` > 1 the update is made from the average of that many steps' gradients.
     self.opt = optax.apply_if_finite(optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
                                                  optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)),
                                      max_consecutive_errors=1_000_000)
+    if cfg.accumulate > 1:
+      self.opt = optax.MultiSteps(self.opt, every_k_schedule=cfg.accumulate)
     self.state = {"params": trainable, "opt_state": self.opt.init(trainable), "step": jnp.zeros((), jnp.int32)}
     ecfg_, lcfg, opt = ecfg, self.lcfg, self.opt
 
