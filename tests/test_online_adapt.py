@@ -69,11 +69,12 @@ def tiny(tmp_path_factory):
   return api.load(str(path))
 
 
-def _head_dir(m, d, layers=(0, 1)):
+def _head_dir(m, d, layers=(0, 1), parallel=0):
   from specjax.checkpoints import drafter_io
-  ecfg = eagle.EagleConfig(m.cfg, layers, 0)
+  ecfg = eagle.EagleConfig(m.cfg, layers, 0, parallel)
   tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(1))
-  return str(drafter_io.save_drafter(d / "head", ecfg, tr, target_name=m.source, tokenizer=m.tokenizer))
+  return str(drafter_io.save_drafter(d / f"head{parallel or ''}", ecfg, tr, target_name=m.source,
+                                     tokenizer=m.tokenizer))
 
 
 PROMPTS = ["hello world " * (i % 3 + 1) + str(i) for i in range(6)]
@@ -161,6 +162,30 @@ def test_adaptation_steps_learn_repeated_traffic(tiny, tmp_path):
     last = ad.step()
   assert last["loss"] < 0.3 * np.mean([m["loss"] for m in first])
   assert last["accept_s1"] > np.mean([m["accept_s1"] for m in first]) + 0.05
+
+
+def test_a_parallel_head_adapts_while_served_exactly(tiny, tmp_path):
+  """--adapt with a parallel head (all K positions in one forward, trained with unroll K): the served tokens
+  are plain greedy's, its weights (placeholders included) move, and nothing compiles after warm-up."""
+  head = _head_dir(tiny, tmp_path, parallel=3)
+  eng = factory.make_batcher(tiny, drafter="eagle-parallel", draft=head, policy="fixed", k=3, slots=2,
+                             max_len=96, adapter_factory=lambda d, p: online.OnlineAdapter.for_engine(d, p, SMALL))
+  assert eng.adapter.lcfg.unroll == 3
+  eng.warmup(32)
+  before = {k: np.asarray(eng.draft_params[k]) for k in ("fc", "placeholders")}
+  reqs = [bt.Request(tiny.tokenizer.encode_chat(p), 14, rid=i) for i, p in enumerate(PROMPTS)]
+  with count_compiles() as compiles:
+    for r in reqs:
+      eng.submit(r)
+    while not all(r.done for r in reqs):
+      eng.step()
+    while eng.adapt() and eng.adapter.steps < 4:
+      pass
+  assert compiles() == 0
+  assert [r.tokens for r in reqs] == _plain(tiny)
+  assert eng.adapter.steps == 4
+  for k, v in before.items():
+    assert not np.allclose(np.asarray(eng.draft_params[k]), v), k
 
 
 def test_accumulated_steps_update_the_head_once_every_n(tiny, tmp_path):
