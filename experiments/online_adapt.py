@@ -31,9 +31,16 @@ CHAT = ("writing", "roleplay", "humanities", "stem", "reasoning", "extraction", 
 
 
 def _acceptance(points, a: float, b: float) -> float | None:
+  """Accepted ÷ offered drafts over the steps in [a, b) of a run's ``accept_over_time``."""
   sel = [(o, x) for t, o, x in points if a <= t < b]
   offered = sum(o for o, _ in sel)
   return round(sum(x for _, x in sel) / offered, 4) if offered else None
+
+
+def _request_acceptance(reqs, idx) -> float | None:
+  """Accepted ÷ offered drafts over the requests ``idx`` of one run (None when none was offered)."""
+  offered = sum(reqs[i].drafts_offered for i in idx)
+  return sum(reqs[i].drafts_accepted for i in idx) / offered if offered else None
 
 
 def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str | None = None,
@@ -118,18 +125,14 @@ def online_adapt(model: str = "smollm2-135m", weights: str = "auto", draft: str 
   groups = {"before_shift": [i for i, p in enumerate(phase) if p == 0], "after_shift": after,
             **{f"after_shift_third_{j + 1}": list(part) for j, part in enumerate(np.array_split(after, 3))}}
 
-  def rate(reqs, idx):
-    offered = sum(reqs[i].drafts_offered for i in idx)
-    return sum(reqs[i].drafts_accepted for i in idx) / offered if offered else None
-
+  paired = {g: (_request_acceptance(off, idx), _request_acceptance(on, idx), len(idx)) for g, idx in groups.items() if idx}
   summary["paired_by_request"] = {
-      g: {"off": round(rate(off, idx), 4), "on": round(rate(on, idx), 4),
-          "on_minus_off": round(rate(on, idx) - rate(off, idx), 4), "requests": len(idx)}
-      for g, idx in groups.items() if idx and rate(off, idx) is not None}
+      g: {"off": round(a, 4), "on": round(b, 4), "on_minus_off": round(b - a, 4), "requests": n}
+      for g, (a, b, n) in paired.items() if a is not None}
   summary["requests"] = [{"i": i, "phase": phase[i], "arrival_s": round(items[i]["arrival"], 2),
                           "tokens": len(off[i].tokens),
-                          "acceptance_off": round(off[i].drafts_accepted / max(off[i].drafts_offered, 1), 4),
-                          "acceptance_on": round(on[i].drafts_accepted / max(on[i].drafts_offered, 1), 4)}
+                          "acceptance_off": round(_request_acceptance(off, [i]) or 0.0, 4),
+                          "acceptance_on": round(_request_acceptance(on, [i]) or 0.0, 4)}
                          for i in range(len(items))]
   for q in ("p50", "p99"):
     for name in ("latency", "ttft", "itl"):
