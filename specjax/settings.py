@@ -15,6 +15,8 @@ Each is read when asked for, not at import, so a test (or a caller) that changes
   SPECJAX_ATTENTION      force the attention path: native, pallas or xla
   SPECJAX_COMPILE_CACHE  0: no persistent compilation cache
   SPECJAX_WEIGHT_CACHE   0: no converted-weight cache (every load converts again)
+  SPECJAX_HUGE_PAGES     1: on the CPU, the weights a decode step reads copied into 2 MB pages at load
+                         (runtime/huge_pages.py: faster decoding, a copy of the model in memory)
   SPECJAX_DEBUG          set: the CLI shows tracebacks instead of one-line errors
   SPECJAX_COORDINATOR, SPECJAX_NUM_PROCESSES, SPECJAX_PROCESS_ID, SPECJAX_DISTRIBUTED
                          multi-process runs (distributed.py)
@@ -79,6 +81,10 @@ def compile_cache_wanted() -> bool:
 
 def weight_cache_wanted() -> bool:
   return os.environ.get("SPECJAX_WEIGHT_CACHE", "1") != "0"
+
+
+def huge_pages_wanted() -> bool:
+  return os.environ.get("SPECJAX_HUGE_PAGES", "0").strip() == "1"
 
 
 def debug() -> bool:

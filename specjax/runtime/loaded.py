@@ -9,11 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib, quant
+from specjax import model as model_lib, quant, settings
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
 from specjax.kernels import dispatch
+from specjax.runtime import huge_pages
 
 
 @dataclasses.dataclass
@@ -74,17 +75,23 @@ def on_mesh(m: Model, mesh) -> Model:
 
 def default_exec_params(params):
   """On the CPU, per-layer arrays (see ``model.unstack_layers``), cut as views of the stacked ones: no copy,
-  no XLA dispatch; elsewhere the stacked parameters themselves."""
+  no XLA dispatch (under ``SPECJAX_HUGE_PAGES=1`` copied into 2 MB pages instead, with the other weights:
+  ``runtime/huge_pages.py``); elsewhere the stacked parameters themselves."""
   if jax.default_backend() != "cpu":
     return params
   layers = params["layers"]
+  huge = settings.huge_pages_wanted()
   if isinstance(layers, (list, tuple)):
-    return params
+    return huge_pages.tree_to_huge_pages(params) if huge else params
   host = jax.tree_util.tree_map(np.asarray, layers)       # zero-copy views of CPU buffers
   L = jax.tree_util.tree_leaves(host)[0].shape[0]
-  per_layer = [jax.tree_util.tree_map(lambda x, i=i: jax.device_put(x[i], may_alias=True), host)
-               for i in range(L)]
-  return {**params, "layers": per_layer}
+  view = lambda x: jax.device_put(x, may_alias=True)
+  place = (lambda x: huge_pages.copy_to_huge_pages(view(x))) if huge else view
+  per_layer = [jax.tree_util.tree_map(lambda x, i=i: place(x[i]), host) for i in range(L)]
+  rest = {k: v for k, v in params.items() if k != "layers"}
+  if huge:
+    rest = huge_pages.tree_to_huge_pages(rest)
+  return {**rest, "layers": per_layer}
 
 _DTYPES = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
 
