@@ -4,12 +4,13 @@ A converted model is memory-mapped (``checkpoints/converted.py``) and handed to 
 step streams its weights through 4 KB pages of the page cache: one TLB walk per 4 KB, a cost that grows with
 the stream's speed.  Copied into anonymous memory that the kernel backs with 2 MB pages
 (``madvise(MADV_HUGEPAGE)``, which transparent huge pages honour in their default ``madvise`` mode), the same
-weights decode faster: measured on a 2-core Zen 4, Qwen2.5-Coder-1.5B, paired, +7.7% in fp32 and +2.4% at
-int4 (docs/BENCHMARKS.md, "Quantized weights").
+weights decode a little faster: measured on a 2-core Zen 4, Qwen2.5-Coder-1.5B, paired
+(``scripts/huge_pages_ab.py``), +1.7% to +7.7% in fp32 and +1.3% to +4.6% at int4 (docs/BENCHMARKS.md,
+"Quantized weights").
 
-Opt-in (``SPECJAX_HUGE_PAGES=1``, read by ``runtime/loaded.default_exec_params``): the copy takes a moment at
-load (≈ 1 s per 7 GB) and the model then sits in memory twice while the page cache keeps the file (prefill
-still reads the mapped, stacked weights).  Where the kernel gives no huge pages (THP ``never``) the copy is
+Opt-in (``SPECJAX_HUGE_PAGES=1``, read by ``runtime/loaded.default_exec_params``): the copy costs time at load
+(measured: 3 s at int4, 15 s for the 7 GB fp32 1.5B) and the model then sits in memory twice while the page
+cache keeps the file (prefill still reads the mapped, stacked weights).  Where the kernel gives no huge pages (THP ``never``) the copy is
 plain anonymous memory: no faster, no slower.
 """
 from __future__ import annotations
