@@ -185,6 +185,24 @@ def test_policy_and_forward_near_fp32(fp32_params):
     model.cast_params(quant.quantize_params(fp32_params, "int8"), jnp.bfloat16)
 
 
+
+@pytest.mark.skipif(not native.available(), reason="native CPU kernels not built here")
+def test_prefill_blocks_take_xla_and_decode_takes_the_kernel():
+  """A quantized matmul of more than QUANT_NATIVE_MAX_TOKENS new tokens a sequence (a prefill block) is widened
+  once into XLA's dot; a decode step or a verification (fewer tokens, any batch) keeps the native kernel."""
+  backends = dispatch.Backends(native_quant=True)
+  w = _weight("int4", 24, 64)
+  r = np.random.default_rng(5)
+  limit = dispatch.QUANT_NATIVE_MAX_TOKENS
+  for B, T, native_expected in ((1, 1, True), (4, 5, True), (1, limit, True), (1, limit + 1, False),
+                                (2, 128, False)):
+    x = jnp.asarray(r.standard_normal((B, T, 64)), jnp.float32)
+    f = jax.jit(lambda x: model.linear(x, w, backends=backends))   # noqa: B023
+    text = f.lower(x).as_text()
+    assert ("specjax_qmatmul_int4" in text) == native_expected, (B, T)
+    ref = cpu_qmatmul.qmatmul_t_reference(x.reshape(B * T, 64), w).reshape(B, T, 24)
+    assert _rel(f(x), ref) <= 1e-5, (B, T)
+
 def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.SamplingParams()):
   B = prompts.shape[0]
   eng = Engine(cfg=CFG, drafter=drafter, k_max=K, sp=sp, buckets=BUCKETS)

@@ -4,8 +4,10 @@ the dequantization fused into the dot's operand).
 
 The native kernel reads the compact weight and widens it in registers, so a decode step reads 2 (bf16),
 ~3.8 (int8) or ~5.3 (int4) times fewer bytes than in fp32.  It takes fp32 activations, at most ``MAX_ROWS`` rows
-(more rows: by the live-row count at run time, as ``cpu_matmul``), and its gradient (for x only: quantized
-weights are frozen) goes through the reference.
+(more rows: by the live-row count at run time, as ``cpu_matmul``) of at most
+``dispatch.QUANT_NATIVE_MAX_TOKENS`` new tokens per sequence (``group``; a prefill block goes to XLA, where the
+weight is widened once rather than multiplied once per row), and its gradient (for x only: quantized weights
+are frozen) goes through the reference.
 """
 from __future__ import annotations
 
@@ -67,9 +69,10 @@ def qmatmul_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
 
 def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
               backends: dispatch.Backends | None = None) -> jax.Array:
-  """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``)."""
+  """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``).  ``group``:
+  the new tokens per sequence (rows come in groups of it)."""
   backends = backends or dispatch.resolve()
-  if dispatch.native_quant_applies(backends, x_MxD.dtype):
+  if dispatch.native_quant_applies(backends, x_MxD.dtype) and group <= dispatch.QUANT_NATIVE_MAX_TOKENS:
     return cpu_matmul.by_rows(x_MxD.shape[0], live, group, lambda lv: qmatmul_t_native(x_MxD, w, lv, group),
                               lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))
   return qmatmul_t_reference(x_MxD, w, live, group)

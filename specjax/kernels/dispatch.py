@@ -7,9 +7,12 @@
                     live-row count at run time)
             xla     otherwise
   qmatmul   native  CPU, float32 activations, unsharded, built, at most   cpu_qmatmul.qmatmul_t_reference
-  (bf16,            MATMUL_NATIVE_MAX_ROWS rows (more: by live rows); not
-  int8,             measured per size: XLA's alternative widens the whole
-  int4 weights)     matrix to fp32 on every call, reading it twice over
+  (bf16,            QUANT_NATIVE_MAX_TOKENS new tokens per sequence (a
+  int8,             decode step or a verification, not a prefill block),
+  int4 weights)     at most MATMUL_NATIVE_MAX_ROWS rows (more: by live
+                    rows); not measured per size: XLA's alternative widens
+                    the whole matrix to fp32 on every call, reading it
+                    twice over
             xla     otherwise: dequantize fused into the dot (accelerators, prefill-sized blocks, a mesh)
   attention native  the platform path is "native" (CPU), T <= ATTENTION_NATIVE_MAX_ROWS, float32 queries and
                     cache, unsharded, built, measured (or forced) faster   cpu_attention.attend_cache_reference
@@ -42,6 +45,13 @@ MATMUL_NATIVE_MAX_ROWS = 256    # measured in the real model's whole forward (ex
                                 # 2-core Zen 4): the native kernel beats XLA's GEMM up to ~256 rows (64 rows: 125 ms
                                 # vs 190 ms; 256: 505 vs 540) and loses slightly at 512 (1010 vs 993)
 ATTENTION_NATIVE_MAX_ROWS = 64  # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
+QUANT_NATIVE_MAX_TOKENS = ATTENTION_NATIVE_MAX_ROWS
+                                # the same boundary for quantized weights: the native kernel widens every weight
+                                # once per call but multiplies it once per row, so a prefill block is better
+                                # widened once into XLA's GEMM.  Measured (Intel Xeon model 207, 2 cores, prompt of
+                                # ~210 tokens, prefill + 1 token): SmolLM2 int4 1.47 -> 0.54 s, int8 0.89 -> 0.53,
+                                # bf16 1.00 -> 0.52; Qwen2.5-Coder-1.5B int4 9.2 -> 4.4 s.  Decode and verification
+                                # (at most 64 tokens a sequence) keep the native kernel, so their bits still agree.
 PALLAS_MAX_ROWS = 64            # decode and verification rows; prefill-sized blocks stay on XLA's matmuls
 ATTENTION_PATHS = ("native", "pallas", "xla")
 
