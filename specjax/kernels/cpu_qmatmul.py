@@ -5,8 +5,8 @@ the dequantization fused into the dot's operand).
 The native kernel reads the compact weight and widens it in registers, so a decode step reads 2 (bf16),
 ~3.8 (int8) or ~5.3 (int4) times fewer bytes than in fp32.  It takes fp32 activations, at most ``MAX_ROWS`` rows
 (more rows: by the live-row count at run time, as ``cpu_matmul``) of at most
-``dispatch.QUANT_NATIVE_MAX_TOKENS`` new tokens per sequence (``group``; a prefill block goes to XLA, where the
-weight is widened once rather than multiplied once per row), and its gradient (for x only: quantized weights
+``dispatch.QUANT_NATIVE_MAX_TOKENS`` new tokens per sequence (``group``; a prefill block goes to XLA, which widens
+the weight once, where this kernel widens it again for every 4 rows of x), and its gradient (for x only: quantized weights
 are frozen) goes through the reference.
 """
 from __future__ import annotations

@@ -46,9 +46,9 @@ MATMUL_NATIVE_MAX_ROWS = 256    # measured in the real model's whole forward (ex
                                 # vs 190 ms; 256: 505 vs 540) and loses slightly at 512 (1010 vs 993)
 ATTENTION_NATIVE_MAX_ROWS = 64  # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
 QUANT_NATIVE_MAX_TOKENS = ATTENTION_NATIVE_MAX_ROWS
-                                # the same boundary for quantized weights: the native kernel widens every weight
-                                # once per call but multiplies it once per row, so a prefill block is better
-                                # widened once into XLA's GEMM.  Measured (Intel Xeon model 207, 2 cores, prompt of
+                                # the same boundary for quantized weights: the native kernel is built for few rows
+                                # (it takes x 4 rows at a time and widens each weight again for every 4), so a
+                                # prefill block is better widened once for XLA's GEMM.  Measured (Intel Xeon model 207, 2 cores, prompt of
                                 # ~210 tokens, prefill + 1 token): SmolLM2 int4 1.47 -> 0.54 s, int8 0.89 -> 0.53,
                                 # bf16 1.00 -> 0.52; Qwen2.5-Coder-1.5B int4 9.2 -> 4.4 s.  Decode and verification
                                 # (at most 64 tokens a sequence) keep the native kernel, so their bits still agree.
