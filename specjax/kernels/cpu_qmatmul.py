@@ -72,7 +72,7 @@ def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
   """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``).  ``group``:
   the new tokens per sequence (rows come in groups of it)."""
   backends = backends or dispatch.resolve()
-  if dispatch.native_quant_applies(backends, x_MxD.dtype) and group <= dispatch.QUANT_NATIVE_MAX_TOKENS:
+  if dispatch.native_quant_applies(backends, x_MxD.dtype, group):
     return cpu_matmul.by_rows(x_MxD.shape[0], live, group, lambda lv: qmatmul_t_native(x_MxD, w, lv, group),
                               lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))
   return qmatmul_t_reference(x_MxD, w, live, group)

@@ -45,13 +45,12 @@ MATMUL_NATIVE_MAX_ROWS = 256    # measured in the real model's whole forward (ex
                                 # 2-core Zen 4): the native kernel beats XLA's GEMM up to ~256 rows (64 rows: 125 ms
                                 # vs 190 ms; 256: 505 vs 540) and loses slightly at 512 (1010 vs 993)
 ATTENTION_NATIVE_MAX_ROWS = 64  # a tree verification's rows; prefill-sized blocks go to XLA's matmuls
+# The same boundary for quantized weights: the native kernel is built for few rows (it takes x 4 rows at a time
+# and widens each weight again for every 4), so a prefill block is better widened once for XLA's GEMM.  Measured
+# (Intel Xeon model 207, 2 cores, a ~210-token prompt, prefill + 1 token): SmolLM2 int4 1.47 -> 0.54 s, int8
+# 0.89 -> 0.53, bf16 1.00 -> 0.52; Qwen2.5-Coder-1.5B int4 9.2 -> 4.4 s.  Decode and verification (at most 64
+# tokens a sequence) keep the native kernel, so their bits still agree.
 QUANT_NATIVE_MAX_TOKENS = ATTENTION_NATIVE_MAX_ROWS
-                                # the same boundary for quantized weights: the native kernel is built for few rows
-                                # (it takes x 4 rows at a time and widens each weight again for every 4), so a
-                                # prefill block is better widened once for XLA's GEMM.  Measured (Intel Xeon model 207, 2 cores, prompt of
-                                # ~210 tokens, prefill + 1 token): SmolLM2 int4 1.47 -> 0.54 s, int8 0.89 -> 0.53,
-                                # bf16 1.00 -> 0.52; Qwen2.5-Coder-1.5B int4 9.2 -> 4.4 s.  Decode and verification
-                                # (at most 64 tokens a sequence) keep the native kernel, so their bits still agree.
 PALLAS_MAX_ROWS = 64            # decode and verification rows; prefill-sized blocks stay on XLA's matmuls
 ATTENTION_PATHS = ("native", "pallas", "xla")
 
@@ -132,9 +131,10 @@ def skips_dead_rows(backends: Backends, dtype) -> bool:
           and jnp.dtype(dtype) == jnp.float32)
 
 
-def native_quant_applies(backends: Backends, x_dtype) -> bool:
-  """Whether x · wᵀ with a quantized weight may take the native CPU kernel (row count aside)."""
-  return backends.native_quant and x_dtype == jnp.float32
+def native_quant_applies(backends: Backends, x_dtype, tokens: int = 1) -> bool:
+  """Whether x · wᵀ with a quantized weight, ``tokens`` new tokens a sequence, may take the native CPU kernel
+  (the total row count aside): not a prefill block (more than ``QUANT_NATIVE_MAX_TOKENS``)."""
+  return backends.native_quant and x_dtype == jnp.float32 and tokens <= QUANT_NATIVE_MAX_TOKENS
 
 
 def native_matmul_applies(backends: Backends, x_dtype, w_dtype, N: int, D: int) -> bool:
