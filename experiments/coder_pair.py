@@ -13,6 +13,8 @@ Methods (each a row; ``group`` and ``x`` place it in the plots):
   LABEL chain k / LABEL dynamic N   each trained feature drafter in ``heads`` ({label: directory}, e.g. the
                        sequential head of configs/eagle_qwen_coder.gin and its parallel twin) as a chain of each
                        of ``head_ks`` (a parallel head: those within its positions) and as each of ``head_trees``
+  LABEL+lookup chain k a sequential head with prompt lookup where the last ``hybrid_match`` tokens repeat
+                       (``speculative.eagle_lookup``), for each of ``head_hybrid_ks``
 
 Beside each chain's measured speedup stands the cost model's prediction (``costmodel.predicted_speedup`` on
 this machine's calibration, ``specjax calibrate``, with the measured per-position acceptance and the draft's
@@ -20,7 +22,7 @@ config), and every row says whether its outputs equal plain decoding's token for
 """
 from __future__ import annotations
 
-from specjax import api, bench, costmodel
+from specjax import api, bench, costmodel, quant
 from specjax.errors import SpecjaxError
 from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts, setup
@@ -29,7 +31,8 @@ from experiments.common import pick_prompts, setup
 def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budgets=(), dynamic_top_k: int = 2,
                  dynamic_depth: int = 8, ngram_ks=(), ngram_trees=(), ngram_caps=api.DEFAULT_NGRAM_CAPS,
                  layerskip_ks=(), draft_layers=None, acceptance=None, hybrid_ks=(),
-                 hybrid_match: int = 3, heads=None, head_ks=(), head_trees=()) -> list[tuple[str, int, dict]]:
+                 hybrid_match: int = 3, heads=None, head_ks=(), head_trees=(),
+                 head_hybrid_ks=()) -> list[tuple[str, int, dict]]:
   """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison."""
   out: list[tuple[str, int, dict]] = [("model chain", k, {"drafter": "model", "k": k}) for k in ks]
   if sequoia_budgets and acceptance is None:
@@ -52,10 +55,14 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
     for tree in head_trees:
       n = api.resolve_tree(tree, drafter="eagle", max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
       out.append((f"{label} {tree.split(':')[0]}", n, {"drafter": "eagle", "tree": tree, "draft": path}))
+    if not positions:          # lookup where the last hybrid_match tokens repeat, the (sequential) head elsewhere
+      out += [(f"{label}+lookup chain", k, {"drafter": "eagle-hybrid", "k": k, "ngram": hybrid_match, "draft": path})
+              for k in head_hybrid_ks]
   return out
 
 
-def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg=None) -> float | None:
+def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg=None,
+                       weights: str = "fp32") -> float | None:
   """The cost model's speedup for a bench result ``r`` that drafted a chain (None for a tree, which the model
   does not price): the draft model's forwards for ``model``, the target's first layers for ``layerskip``,
   nothing for ``ngram``; the chain's measured acceptance per position."""
@@ -64,7 +71,8 @@ def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg
     return None                # (a hybrid's steps mix free lookups and model drafts: not a chain the model prices)
   layers = api.parse_layers(r["draft_layers"], cfg.num_layers) if kind.layers else None
   dcfg = drafter_registry.draft_config(kind, cfg, draft_cfg, layers)
-  return costmodel.predicted_speedup(device, cfg, r["acceptance_by_position"], r["k"], 1, context, dtype, dcfg)
+  return costmodel.predicted_speedup(device, cfg, r["acceptance_by_position"], r["k"], 1, context, dtype, dcfg,
+                                     weights=weights)
 
 
 def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
@@ -86,13 +94,13 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                dynamic_top_k: int = 2, dynamic_depth: int = 8, acceptance_ranks: int = 4,
                acceptance_depths: int = 4, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",),
                ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, hybrid_ks=(5, 7),
-               hybrid_match: int = 3, heads=None, head_ks=(3, 4, 5, 6), head_trees=(), device: str | None = None,
-               repeats: int = 1, log=print) -> dict:
+               hybrid_match: int = 3, heads=None, head_ks=(3, 4, 5, 6), head_trees=(), head_hybrid_ks=(),
+               device: str | None = None, repeats: int = 1, weights: str = "auto", log=print) -> dict:
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
                        "--gin-binding \"coder_pair.prompts = '../shared/data/humaneval/HumanEval_0-99.jsonl'\"")
   chosen = pick_prompts(prompts, categories, per_category, limit)
-  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, log=log)
+  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, weights=weights, log=log)
   api.check_same_vocabulary(m, d)
   eos = tuple(m.tokenizer.eos_token_ids)
   measured = None
@@ -104,7 +112,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   acc = measured.get("acceptance_table", measured["acceptance_vector"]) if measured else None
   methods = method_specs(ks, sequoia_budgets, dynamic_budgets, dynamic_top_k, dynamic_depth, ngram_ks,
                          ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match,
-                         heads=dict(heads or {}), head_ks=head_ks, head_trees=head_trees)
+                         heads=dict(heads or {}), head_ks=head_ks, head_trees=head_trees,
+                         head_hybrid_ks=head_hybrid_ks)
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)
@@ -118,7 +127,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   for (group, x, _), r in zip(methods, results):
     # (the cost model prices a head as a one-layer model over the full vocabulary, one forward per token:
     # neither a reduced head nor a parallel one; their rows carry only the measured speedup)
-    cm = None if group.startswith(head_groups) else cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg)
+    cm = None if group.startswith(head_groups) else cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg,
+                                                                       quant.weights_kind(m.params))
     rows.append(_row(group, x, r, cm))
   spec_rows = rows[1:]
   best = max(spec_rows, key=lambda r: r["speedup"])
@@ -126,7 +136,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                    for g in dict.fromkeys(r["group"] for r in spec_rows)}
   chains = [r for r in spec_rows if r["cost_model_error"] is not None]
   return {
-      "title": f"coder pair: {model} with {draft}, {len(chosen)} tasks, greedy, {max_new_tokens} new tokens",
+      "title": f"coder pair: {model} with {draft}, {len(chosen)} tasks, greedy, {max_new_tokens} new tokens"
+               + ("" if weights == "auto" else f", {weights} weights"),
       "rows": rows,
       "summary": {"ar_tokens_per_s": ar["ar_tokens_per_s"], "ar_step_ms": ar["ar_step_ms"],
                   "mean_context": context, "device": spec.name,

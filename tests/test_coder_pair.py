@@ -316,10 +316,12 @@ def test_trained_heads_join_the_comparison(tmp_path):
     (d / "config.json").write_text(json.dumps({"specjax_drafter": drafter_io.HEAD_FORMAT, "parallel_positions":
                                                positions, "format_version": drafter_io.FORMAT_VERSION}))
     heads[label] = str(d)
-  specs = cp.method_specs(ks=(), heads=heads, head_ks=(2, 5), head_trees=("dynamic:8:2:3",))
+  specs = cp.method_specs(ks=(), heads=heads, head_ks=(2, 5), head_trees=("dynamic:8:2:3",), head_hybrid_ks=(4,),
+                          hybrid_match=2)
   assert [(g, x) for g, x, _ in specs] == [("seq chain", 2), ("seq chain", 5), ("seq dynamic", 8),
-                                           ("par chain", 2), ("par dynamic", 8)]
-  assert specs[3][2] == {"drafter": "eagle", "k": 2, "draft": heads["par"]}
+                                           ("seq+lookup chain", 4), ("par chain", 2), ("par dynamic", 8)]
+  assert specs[4][2] == {"drafter": "eagle", "k": 2, "draft": heads["par"]}
+  assert specs[3][2] == {"drafter": "eagle-hybrid", "k": 4, "ngram": 2, "draft": heads["seq"]}
 
 
 def test_hybrid_drafter_through_the_api(tmp_path, monkeypatch):

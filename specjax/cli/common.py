@@ -82,11 +82,13 @@ def add_process_flags(p: argparse.ArgumentParser) -> None:
 
 def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: str = "none",
                  many_trees: bool = False) -> None:
-  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle | suffix "
-                 "(hybrid: prompt lookup where the last --ngram tokens occurred before, the draft model elsewhere; "
-                 "suffix: suffix decoding over earlier requests)")
+  p.add_argument("--drafter", default=default, help="none | ngram | layerskip | model | hybrid | eagle | "
+                 "eagle-parallel | eagle-hybrid | suffix (hybrid: prompt lookup where the last --ngram tokens "
+                 "occurred before, the draft model elsewhere; eagle-hybrid: the same with a trained head; suffix: "
+                 "suffix decoding over earlier requests)")
   p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
-                 "--drafter eagle: a trained drafter's directory (`specjax models` lists them)")
+                 "--drafter eagle, eagle-parallel or eagle-hybrid: a trained drafter's directory "
+                 "(`specjax models` lists them)")
   if trees:
     p.add_argument("--k", type=flags.NONNEG, default=4, help="tokens drafted per speculative step (a chain)")
     p.add_argument("--tree", default=None, action="append" if many_trees else "store",
@@ -96,7 +98,7 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
     p.add_argument("--acceptance", default=None,
                    help="acceptance vector file (from `specjax acceptance-vector`) for --tree sequoia:N")
   p.add_argument("--ngram", type=flags.COUNT, default=3, help="longest n-gram matched by --drafter ngram; "
-                 "the match --drafter hybrid needs before it drafts by lookup")
+                 "the match --drafter hybrid or eagle-hybrid needs before it drafts by lookup")
   p.add_argument("--ngram-caps", default="1,3",
                  help="--drafter ngram: most tokens drafted after a match of only 1, 2, ... tokens (longer "
                       "matches draft --k); 'none' drafts --k after any match (default 1,3)")

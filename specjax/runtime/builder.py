@@ -128,6 +128,9 @@ def _eagle_head(m: Model, draft):
   key = ("eagle-params", os.path.abspath(draft))
   if key not in m._compiled:
     ecfg, params, _ = drafter_io.load_drafter(draft, m.cfg, m.params, m.tokenizer, m.source)
+    if quant.holds_quantized(m.params):   # the head's decoder layer at the target's weight type, as --weights
+      kind = quant.weights_kind(m.params)  # quantized the target (its head rows are the target's own)
+      params = {**params, "layers": quant.quantize_params({"layers": params["layers"]}, kind)["layers"]}
     exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
     m._compiled[key] = (ecfg, exec_params)
   return m._compiled[key]

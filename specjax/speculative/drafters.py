@@ -170,10 +170,16 @@ class ModelDrafter:
       return NoDrafter().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
     if isinstance(shape, DynamicShape):
       return self._propose_dynamic(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
-    B, N1 = seq_BxS.shape[0], shape.num_nodes + 1
+    root = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    return self._grow(draft_params, state, root, last_B, shape, key, sp)
+
+  def _grow(self, draft_params, state, root, last_B, shape, key, sp):
+    """The static tree ``shape`` drafted below the root, from ``root`` = ``_root``'s (logits, feature, cache):
+    one forward per depth over the nodes with children."""
+    B, N1 = last_B.shape[0], shape.num_nodes + 1
     parents, ranks, depths = np.asarray(shape.parents), np.asarray(shape.ranks), np.asarray(shape.depths)
     anc = shape.ancestors()
-    logits, feat, cache = self._root(draft_params, state, seq_BxS, lengths_B, last_B)
+    logits, feat, cache = root
     logits_BxWxV = logits[:, None]
     expanding = [0]                                    # nodes whose logits are in logits_BxWxV
     tokens = jnp.zeros((B, N1), jnp.int32).at[:, 0].set(last_B)

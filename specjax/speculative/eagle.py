@@ -209,17 +209,20 @@ class EagleDrafter(ModelDrafter):
     """Bytes ``init`` allocates per sequence: the one-layer cache and the pending target features (fp32)."""
     return super().state_bytes_per_seq(max_len) + self.pending * self.ecfg.feature_dim * 4
 
-  def _root(self, params, state: EagleState, seq_BxS, lengths_B, last_B):
-    """Feed the pending tokens c..lengths with their target features; the last of them is the root."""
+  def _root(self, params, state: EagleState, seq_BxS, lengths_B, last_B, head: bool = True):
+    """Feed the pending tokens c..lengths with their target features; the last of them is the root.  With
+    ``head=False`` only the cache is wanted: no head row is computed and the logits and feature are None."""
     c = state.cache.lengths
-    S = seq_BxS.shape[1]
+    B, S = seq_BxS.shape
     pos = c[:, None] + jnp.arange(self.pending, dtype=jnp.int32)[None, :]
     tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos, S - 1), axis=1)
     x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF),
                    model_lib.backends_of(self.cfg))
     out = decode.windowed_forward(params, self.cfg, tokens, pos, state.cache, buckets=self.buckets,
                                   live_T=jnp.max(lengths_B - c) + 1, inputs_embeds_BxTxD=x,
-                                  head_index_B=lengths_B - c)
+                                  head_index_B=lengths_B - c if head else jnp.zeros((B, 0), jnp.int32))
+    if not head:
+      return None, None, out.cache.with_lengths(lengths_B)
     logits = to_target_vocab(params, self.ecfg, out.logits[:, 0])
     return logits, out.hidden[:, 0], out.cache.with_lengths(lengths_B)
 

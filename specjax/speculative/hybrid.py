@@ -117,16 +117,8 @@ class HybridDrafter:
     if K == 0:
       d = self.model.propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)[1]
       return state._replace(used_model_B=jnp.zeros((B,), bool)), d   # the next model step catches up
-    cand, clen = self.lookup.candidates(seq_BxS, lengths_B, K)
-    look_tok, look_len = cand[:, 0], clen[:, 0]                        # the best occurrence's continuation
-    use_B = look_len >= 1
-    node_K = jnp.arange(1, K + 1)[None, :]
-    look = _static_draft(shape, jnp.concatenate([last_B[:, None], look_tok], axis=1).astype(jnp.int32),
-                         jnp.concatenate([jnp.ones((B, 1), bool), node_K <= look_len[:, None]], axis=1))
-    if not sp.greedy:                                                  # point masses on the proposed tokens
-      V = draft_params["embed"].shape[0]
-      q = jax.nn.one_hot(look.tokens_BxN1[:, 1:], V, dtype=jnp.float32)
-      look = look._replace(q_BxN1xV=jnp.concatenate([q, jnp.zeros((B, 1, V), jnp.float32)], axis=1))
+    use_B, look = lookup_chain(self.lookup, seq_BxS, lengths_B, last_B, shape, sp,
+                               draft_params["embed"].shape[0])
 
     def with_model(st):
       st, d = self.model.propose(draft_params, st, seq_BxS, lengths_B, last_B, shape, key, sp)
@@ -136,10 +128,7 @@ class HybridDrafter:
       return st, look
 
     st, d = jax.lax.cond(jnp.all(use_B), lookup_only, with_model, state)
-    pick = lambda a, b: jnp.where(use_B.reshape((B,) + (1,) * (a.ndim - 1)), a, b)
-    draft = Draft(pick(look.tokens_BxN1, d.tokens_BxN1), d.parents_BxN1, pick(look.valid_BxN1, d.valid_BxN1),
-                  None if sp.greedy else pick(look.q_BxN1xV, d.q_BxN1xV), None)
-    return st._replace(used_model_B=~use_B), draft
+    return st._replace(used_model_B=~use_B), pick_chain(use_B, look, d)
 
   def commit(self, state: HybridState, lengths_B, path_slots_BxD1, new_lengths_B):
     """A model chain's accepted drafts were fed at their positions (all but the k-th): the cache is good up to
@@ -149,6 +138,31 @@ class HybridDrafter:
     live_B = new_lengths_B > lengths_B          # a finished sequence commits nothing: not a step of its own
     return state._replace(cache=state.cache.with_lengths(new_lengths_B), synced_B=synced,
                           lookup_steps_B=state.lookup_steps_B + (live_B & ~state.used_model_B))
+
+
+def lookup_chain(lookup: NgramDrafter, seq_BxS, lengths_B, last_B, shape, sp, vocab: int):
+  """(use_B, the lookup's chain as a Draft): whether each sequence's last ``lookup.min_ngram`` tokens occurred
+  before, and the continuation of the best occurrence (valid as far as it is known).  Under sampling its q rows
+  are point masses on the proposed tokens (the acceptance rule then accepts x with probability p(x))."""
+  B, K = seq_BxS.shape[0], shape.num_nodes
+  cand, clen = lookup.candidates(seq_BxS, lengths_B, K)
+  look_tok, look_len = cand[:, 0], clen[:, 0]                          # the best occurrence's continuation
+  node_K = jnp.arange(1, K + 1)[None, :]
+  look = _static_draft(shape, jnp.concatenate([last_B[:, None], look_tok], axis=1).astype(jnp.int32),
+                       jnp.concatenate([jnp.ones((B, 1), bool), node_K <= look_len[:, None]], axis=1))
+  if not sp.greedy:
+    q = jax.nn.one_hot(look.tokens_BxN1[:, 1:], vocab, dtype=jnp.float32)
+    look = look._replace(q_BxN1xV=jnp.concatenate([q, jnp.zeros((B, 1, vocab), jnp.float32)], axis=1))
+  return look_len >= 1, look
+
+
+def pick_chain(use_B, look: Draft, other: Draft) -> Draft:
+  """Per sequence, the lookup's chain where ``use_B``, else ``other`` (same chain shape)."""
+  B = use_B.shape[0]
+  pick = lambda a, b: jnp.where(use_B.reshape((B,) + (1,) * (a.ndim - 1)), a, b)
+  q = None if look.q_BxN1xV is None else pick(look.q_BxN1xV, other.q_BxN1xV)
+  return Draft(pick(look.tokens_BxN1, other.tokens_BxN1), other.parents_BxN1,
+               pick(look.valid_BxN1, other.valid_BxN1), q, None)
 
 
 def hybrid_drafter(draft_cfg, k: int, *, min_match: int = 3, buckets=None) -> HybridDrafter:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, eagle_parallel, hybrid, suffix
+from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,8 @@ KINDS = {k.name: k for k in (
          "directory says so)", draft="head"),
     Kind("eagle-parallel", "a trained parallel feature drafter: all K draft positions in one forward",
          draft="head"),
+    Kind("eagle-hybrid", "prompt lookup where the last n tokens repeat, a trained feature drafter elsewhere",
+         draft="head", trees=False, ngram=True, priced=False),
     Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
          "requests and the batch", stateless=True, learns=True),
 )}
@@ -155,6 +157,15 @@ def _eagle_parallel(x: _Inputs):
                                               max_depth=ecfg.parallel), params)
 
 
+def _eagle_hybrid(x: _Inputs):
+  ecfg, params = x.head
+  if ecfg.parallel:
+    raise SpecjaxError("drafter 'eagle-hybrid' pairs prompt lookup with a sequential head; this directory holds a "
+                       f"parallel one ({ecfg.parallel} positions): use --drafter eagle-parallel, or a sequential head")
+  return (eagle_lookup.EagleLookupDrafter(ecfg.layer_cfg, buckets=x.buckets, ecfg=ecfg, max_depth=x.depth or x.k,
+                                          min_match=x.ngram), params)
+
+
 # One builder per kind (a new drafter: a Kind above and its builder here).
 _BUILDERS = {
     "none": lambda x: (drafters.NoDrafter(), ()),
@@ -165,6 +176,7 @@ _BUILDERS = {
                          x.draft_params),
     "eagle": _eagle,
     "eagle-parallel": _eagle_parallel,
+    "eagle-hybrid": _eagle_hybrid,
     "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index(x.index_tokens or suffix.DEFAULT_CORPUS_TOKENS)),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
