@@ -15,6 +15,8 @@ Methods (each a row; ``group`` and ``x`` place it in the plots):
                        of ``head_ks`` (a parallel head: those within its positions) and as each of ``head_trees``
   LABEL+lookup chain k a sequential head with prompt lookup where the last ``hybrid_match`` tokens repeat
                        (``speculative.eagle_lookup``), for each of ``head_hybrid_ks``
+  model@W chain k      the 0.5B at each weight type W of ``draft_weights`` (e.g. int8 beside an fp32 target);
+                       ``head_weights`` likewise sets the trained heads' type (default: the target's)
 
 Beside each chain's measured speedup stands the cost model's prediction (``costmodel.predicted_speedup`` on
 this machine's calibration, ``specjax calibrate``, with the measured per-position acceptance and the draft's
@@ -32,9 +34,13 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
                  dynamic_depth: int = 8, ngram_ks=(), ngram_trees=(), ngram_caps=api.DEFAULT_NGRAM_CAPS,
                  layerskip_ks=(), draft_layers=None, acceptance=None, hybrid_ks=(),
                  hybrid_match: int = 3, heads=None, head_ks=(), head_trees=(),
-                 head_hybrid_ks=()) -> list[tuple[str, int, dict]]:
-  """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison."""
+                 head_hybrid_ks=(), head_weights: str | None = None,
+                 extra_drafts=None) -> list[tuple[str, int, dict]]:
+  """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison.  ``extra_drafts``
+  ({weight type: the draft model loaded at it}): the 0.5B's chains again at each of those types."""
   out: list[tuple[str, int, dict]] = [("model chain", k, {"drafter": "model", "k": k}) for k in ks]
+  out += [(f"model@{w} chain", k, {"drafter": "model", "k": k, "draft": dw})
+          for w, dw in (extra_drafts or {}).items() for k in ks]
   if sequoia_budgets and acceptance is None:
     raise SpecjaxError("coder_pair: sequoia trees need the measured acceptance table (acceptance_depths >= 1)")
   out += [("model sequoia", n, {"drafter": "model", "tree": f"sequoia:{n}", "acceptance": acceptance})
@@ -47,22 +53,24 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
     out.append(("ngram trie", n, {"drafter": "ngram", "tree": tree, "ngram_caps": ngram_caps}))
   out += [("layerskip", k, {"drafter": "layerskip", "k": k, "draft_layers": draft_layers}) for k in layerskip_ks]
   out += [("hybrid chain", k, {"drafter": "hybrid", "k": k, "ngram": hybrid_match}) for k in hybrid_ks]
+  hw = {} if head_weights is None else {"head_weights": head_weights}
   for label, path in (heads or {}).items():
     from specjax.checkpoints import drafter_io
     positions = int(drafter_io.read_config(path).get("parallel_positions", 0))
-    out += [(f"{label} chain", k, {"drafter": "eagle", "k": k, "draft": path})
+    out += [(f"{label} chain", k, {"drafter": "eagle", "k": k, "draft": path, **hw})
             for k in head_ks if not positions or k <= positions]
     for tree in head_trees:
       n = api.resolve_tree(tree, drafter="eagle", max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
-      out.append((f"{label} {tree.split(':')[0]}", n, {"drafter": "eagle", "tree": tree, "draft": path}))
+      out.append((f"{label} {tree.split(':')[0]}", n, {"drafter": "eagle", "tree": tree, "draft": path, **hw}))
     if not positions:          # lookup where the last hybrid_match tokens repeat, the (sequential) head elsewhere
-      out += [(f"{label}+lookup chain", k, {"drafter": "eagle-hybrid", "k": k, "ngram": hybrid_match, "draft": path})
+      out += [(f"{label}+lookup chain", k, {"drafter": "eagle-hybrid", "k": k, "ngram": hybrid_match, "draft": path,
+                                            **hw})
               for k in head_hybrid_ks]
   return out
 
 
 def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg=None,
-                       weights: str = "fp32") -> float | None:
+                       weights: str = "fp32", draft_weights: str | None = None) -> float | None:
   """The cost model's speedup for a bench result ``r`` that drafted a chain (None for a tree, which the model
   does not price): the draft model's forwards for ``model``, the target's first layers for ``layerskip``,
   nothing for ``ngram``; the chain's measured acceptance per position."""
@@ -72,7 +80,7 @@ def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg
   layers = api.parse_layers(r["draft_layers"], cfg.num_layers) if kind.layers else None
   dcfg = drafter_registry.draft_config(kind, cfg, draft_cfg, layers)
   return costmodel.predicted_speedup(device, cfg, r["acceptance_by_position"], r["k"], 1, context, dtype, dcfg,
-                                     weights=weights)
+                                     weights=weights, draft_weights=draft_weights)
 
 
 def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
@@ -95,13 +103,18 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                acceptance_depths: int = 4, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",),
                ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, hybrid_ks=(5, 7),
                hybrid_match: int = 3, heads=None, head_ks=(3, 4, 5, 6), head_trees=(), head_hybrid_ks=(),
-               device: str | None = None, repeats: int = 1, weights: str = "auto", log=print) -> dict:
+               head_weights: str | None = None, draft_weights=(), device: str | None = None, repeats: int = 1,
+               weights: str = "auto", log=print) -> dict:
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
                        "--gin-binding \"coder_pair.prompts = '../shared/data/humaneval/HumanEval_0-99.jsonl'\"")
   chosen = pick_prompts(prompts, categories, per_category, limit)
   m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, weights=weights, log=log)
   api.check_same_vocabulary(m, d)
+  extra = {}
+  for w in draft_weights:      # the 0.5B again at other weight types (``model@int8 chain`` rows)
+    log(f"[coder_pair] loading the draft {draft} again with {w} weights")
+    extra[w] = api.load(draft, dtype=str(m.dtype), weights=w)
   eos = tuple(m.tokenizer.eos_token_ids)
   measured = None
   if sequoia_budgets:
@@ -113,7 +126,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   methods = method_specs(ks, sequoia_budgets, dynamic_budgets, dynamic_top_k, dynamic_depth, ngram_ks,
                          ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match,
                          heads=dict(heads or {}), head_ks=head_ks, head_trees=head_trees,
-                         head_hybrid_ks=head_hybrid_ks)
+                         head_hybrid_ks=head_hybrid_ks, head_weights=head_weights, extra_drafts=extra)
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)
@@ -124,11 +137,12 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   rows = [{"group": "plain", "x": 0, "method": "autoregressive", "k": 0, "mean_accepted_length": 1.0,
            "speedup": 1.0, "tokens_per_s": ar["ar_tokens_per_s"]}]
   head_groups = tuple(f"{label} " for label in dict(heads or {}))
-  for (group, x, _), r in zip(methods, results):
+  for (group, x, s), r in zip(methods, results):
     # (the cost model prices a head as a one-layer model over the full vocabulary, one forward per token:
     # neither a reduced head nor a parallel one; their rows carry only the measured speedup)
+    dw = s["draft"].weights if isinstance(s.get("draft"), api.Model) else None
     cm = None if group.startswith(head_groups) else cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg,
-                                                                       quant.weights_kind(m.params))
+                                                                       quant.weights_kind(m.params), dw)
     rows.append(_row(group, x, r, cm))
   spec_rows = rows[1:]
   best = max(spec_rows, key=lambda r: r["speedup"])

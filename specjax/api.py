@@ -90,7 +90,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
              ngram: int = 3, draft_layers=None, draft: Model | None = None,
              ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
              acceptance=None, memory_budget: float | None = None,
-             mesh=None, index_tokens: int | None = None,
+             mesh=None, index_tokens: int | None = None, head_weights: str | None = None,
              record: "spec.Record | None" = None) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
 
@@ -103,6 +103,8 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   (a spec such as ``branch:4,2``, ``sequoia:16`` or ``dynamic:16``; see ``tree_shapes``) gives the token tree
   of N draft nodes (``k`` is then ignored).  ``acceptance`` (a file or a list) feeds ``sequoia`` trees.
   ``index_tokens``: the suffix drafter's index size in token slots (default 65,536; the oldest evicted).
+  ``head_weights``: a trained head's (``eagle*``, ``draft`` its directory) weight type: fp32, bf16, int8 or
+  int4 (default: the target's).
   ``record`` (``speculative.Record``): also return what the target computed at every position — the
   features a drafter is trained on and the top-k it distils — in ``Generation.recorded``.
   Returns the generations and stats: new tokens; seconds spent loading the model (``load_s``), compiling or
@@ -126,7 +128,7 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
   if not prompts:
     raise SpecjaxError("no prompts given")
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
-                  draft_layers=draft_layers, sampling=sp, index_tokens=index_tokens)
+                  draft_layers=draft_layers, sampling=sp, index_tokens=index_tokens, head_weights=head_weights)
   if ds.kind.draft_model and draft is None:
     draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:

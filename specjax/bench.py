@@ -95,12 +95,12 @@ def autoregressive_method(m: Model, eos_ids, max_len: int, batch_size: int | Non
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
                        draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS,
                        tree=None, acceptance=None, batch_size: int | None = None,
-                       index_tokens: int | None = None) -> Method:
+                       index_tokens: int | None = None, head_weights: str | None = None) -> Method:
   """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
   sequoia) replaces the chain of ``k`` by a token tree of N nodes.  With ``batch_size`` its memory bill must
-  fit the device."""
+  fit the device.  ``head_weights``: a trained head's weight type (default the target's)."""
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
-                  draft_layers=draft_layers, index_tokens=index_tokens)
+                  draft_layers=draft_layers, index_tokens=index_tokens, head_weights=head_weights)
   d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft, batch_size=batch_size)
   return Method(d.label, d.engine, d.draft_params, d.k_max, d.settings())
 
@@ -356,7 +356,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           max_len: int | None = None, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
-          mesh=None, index_tokens: int | None = None, log=print) -> dict:
+          mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
   ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``)."""
@@ -393,7 +393,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   log(f"[bench] machine: {provenance.short(result['machine'])}")
   specs = [] if not kind.speculates else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
-       "tree": t, "acceptance": acc_for(t), "index_tokens": index_tokens} for t in trees]
+       "tree": t, "acceptance": acc_for(t), "index_tokens": index_tokens, "head_weights": head_weights}
+      for t in trees]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer)

@@ -127,3 +127,36 @@ def test_heads_on_a_quantized_target_are_greedy_exact_through_the_api(tmp_path):
     out, _ = api.generate(m, prompts, drafter=drafter, draft=head, k=3, ngram=1, max_new_tokens=12,
                           ignore_eos=True, batch_size=2)
     assert [o.token_ids for o in out] == [o.token_ids for o in plain], drafter
+
+
+def test_a_head_at_its_own_weight_type_is_greedy_exact_and_labelled(tmp_path):
+  """``--draft-weights int8/int4`` with a trained head over an fp32 target: its layer, ``fc``, ``fuse`` and head
+  rows are quantized (int4 keeps the rows int8), decoding stays plain greedy's, the method is labelled with the
+  head's type, and a head type on a drafter without a head, or an unknown type, is refused."""
+  from specjax import api, quant
+  from specjax.checkpoints import drafter_io
+  from specjax.runtime import builder
+  from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf
+  path = write_gguf(tmp_path / "target.gguf", GGUF_CFG, random_hf_params(GGUF_CFG, seed=3))
+  m = api.load(str(path), dtype="float32", weights="fp32")
+  ecfg = eagle.EagleConfig(m.cfg, (0, 1), 8)          # fused taps and a reduced head of 8 rows
+  head = str(tmp_path / "head")
+  drafter_io.save_drafter(head, ecfg, eagle.init_trainable(ecfg, jax.random.PRNGKey(1)), target_name=m.source,
+                          tokenizer=m.tokenizer, head_ids=np.arange(8) * 2)
+  assert not quant.holds_quantized(builder._eagle_head(m, head)[1])
+  prompts = ["a b c a b c a b", "hello world hello"]
+  plain, _ = api.generate(m, prompts, max_new_tokens=12, ignore_eos=True)
+  for w, rows in (("int8", "int8"), ("int4", "int8")):
+    p = builder._eagle_head(m, head, w)[1]
+    assert [p[n].kind for n in ("fc", "fuse", "lm_head")] == [w, w, rows]
+    assert p["layers"][0]["w_gate_up"].kind == w
+    for drafter in ("eagle", "eagle-hybrid"):
+      out, _ = api.generate(m, prompts, drafter=drafter, draft=head, k=3, ngram=1, max_new_tokens=12,
+                            ignore_eos=True, batch_size=2, head_weights=w)
+      assert [o.token_ids for o in out] == [o.token_ids for o in plain], (drafter, w)
+  d = builder.build(m, builder.DecodeSpec(drafter="eagle", k=3, head_weights="int8"), max_len=64, draft=head)
+  assert d.label == "eagle@int8 k=3" and d.settings()["head_weights"] == "int8"
+  with pytest.raises(SpecjaxError, match="has no head"):
+    builder.build(m, builder.DecodeSpec(drafter="ngram", k=3, head_weights="int8"), max_len=64)
+  with pytest.raises(SpecjaxError, match="unknown head weight type 'int3'"):
+    builder.build(m, builder.DecodeSpec(drafter="eagle", k=3, head_weights="int3"), max_len=64, draft=head)

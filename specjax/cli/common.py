@@ -51,7 +51,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                  help="the weights' type, quantized at load and widened inside the matmuls (int8: a scale per "
                       "64 inputs; int4: scale and offset per 32, embedding and head int8); auto: --dtype's")
   p.add_argument("--draft-weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
-                 help="the draft model's weight type (default: --weights)")
+                 help="the draft model's or trained head's weight type (default: --weights; a head's "
+                      "layer, input projections and head rows)")
   p.add_argument("--max-len", type=flags.COUNT, default=None,
                  help="KV cache positions per sequence (default: generate and bench size them to the longest "
                       "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
@@ -193,7 +194,7 @@ def serving_engine(args, m, max_len: int, **kwargs):
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=parse_buckets(args.buckets),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
                               draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
-                              **index_kwargs(args),
+                              **index_kwargs(args), **head_kwargs(args),
                               **({"ngram": args.ngram, "ngram_caps": parse_ngram_caps(args.ngram_caps)}
                                  if drafters().get(args.drafter).ngram_caps else {}))
 
@@ -252,7 +253,16 @@ def parse_ngram_caps(text: str) -> tuple[int, ...]:
 def drafter_kwargs(args) -> dict:
   return {"drafter": args.drafter, "k": args.k, "ngram": args.ngram, "draft_layers": args.draft_layers,
           "ngram_caps": parse_ngram_caps(args.ngram_caps), "tree": args.tree, "acceptance": args.acceptance,
-          **index_kwargs(args)}
+          **index_kwargs(args), **head_kwargs(args)}
+
+
+def head_kwargs(args) -> dict:
+  """``head_weights`` from ``--draft-weights`` when the drafter is a trained head (a draft model takes the
+  flag when it is loaded, ``load_draft``)."""
+  w = getattr(args, "draft_weights", None)
+  if w in (None, "auto") or drafters().get(args.drafter).draft != "head":
+    return {}
+  return {"head_weights": w}
 
 
 def index_kwargs(args) -> dict:

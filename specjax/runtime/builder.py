@@ -49,12 +49,13 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
 def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
                   draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
                   ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None,
-                  index_tokens: int | None = None):
+                  index_tokens: int | None = None, head_weights: str | None = None):
   """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
   ``index_tokens``: a learning drafter's index size in token slots (``--drafter suffix``; default 65,536).
 
   ``draft``: the draft model (``model``) or a trained drafter's directory (``eagle``).  ``depth``: the
-  deepest tree node drafted (default k, a chain).
+  deepest tree node drafted (default k, a chain).  ``head_weights``: a trained head's weight type (fp32, bf16,
+  int8, int4; default the target's), see ``_eagle_head``.
 
   ``ngram_caps``: proposals allowed after an n-gram match of only 1, 2, ... tokens (see ``NgramDrafter``);
   ``None`` or ``()`` drafts k after any match."""
@@ -75,11 +76,14 @@ def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3
     raise SpecjaxError(f"--ngram-caps must be counts >= 0, got {','.join(map(str, caps))}")
   if not kind.trees and depth not in (None, k):
     raise SpecjaxError(f"drafter '{drafter}' drafts chains only: drop --tree (or give chain:K)")
+  if head_weights is not None and kind.draft != "head":
+    raise SpecjaxError(f"--draft-weights for drafter '{drafter}' is a trained head's weight type; "
+                       f"drafter '{drafter}' has no head: drop it (a draft model takes its type when loaded)")
   inputs: dict = {}
   if kind.layers:
     inputs["layers"] = parse_layers(draft_layers, m.cfg.num_layers)
   if kind.draft == "head":
-    inputs["head"] = _eagle_head(m, draft)
+    inputs["head"] = _eagle_head(m, draft, head_weights)
   if kind.draft_model:
     if draft is None:
       draft = default_draft_model(m)
@@ -119,21 +123,44 @@ def default_draft_model(m: Model) -> Model:
   return m._compiled[key]
 
 
-def _eagle_head(m: Model, draft):
-  """A trained feature drafter's config and params (a directory from ``specjax train``) for the target ``m``."""
+def _eagle_head(m: Model, draft, weights: str | None = None):
+  """A trained feature drafter's config and params (a directory from ``specjax train``) for the target ``m``,
+  its matrices at ``weights`` (None: the target's weight type).
+
+  A head's draft step streams its decoder layer, its input projections and its head rows (430 MB at fp32 for
+  the 1.5B's head of 32k rows), so its weight type is its speed as the target's is the target's: quantized
+  here, once per head and type, by ``quant.quantize_params``'s policy (int4 keeps the head rows int8).  The
+  embedding is the target's own and stays as the target holds it."""
   from specjax.checkpoints import drafter_io
   if draft is None or not isinstance(draft, (str, os.PathLike)):
     raise SpecjaxError("drafter 'eagle' needs a trained drafter: pass --draft DIR (`specjax models` lists "
                        "them; `specjax train configs/eagle_smollm2.gin` makes one)")
-  key = ("eagle-params", os.path.abspath(draft))
+  if weights is None:
+    weights = quant.weights_kind(m.params) if quant.holds_quantized(m.params) else "fp32"
+  if weights not in quant.KINDS:
+    raise SpecjaxError(f"unknown head weight type '{weights}': use one of {', '.join(quant.KINDS)}")
+  key = ("eagle-params", os.path.abspath(draft), weights)
   if key not in m._compiled:
     ecfg, params, _ = drafter_io.load_drafter(draft, m.cfg, m.params, m.tokenizer, m.source)
-    if quant.holds_quantized(m.params):   # the head's decoder layer at the target's weight type, as --weights
-      kind = quant.weights_kind(m.params)  # quantized the target (its head rows are the target's own)
-      params = {**params, "layers": quant.quantize_params({"layers": params["layers"]}, kind)["layers"]}
+    params = quantize_head(params, weights)
     exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
     m._compiled[key] = (ecfg, exec_params)
   return m._compiled[key]
+
+
+def quantize_head(params: dict, kind: str) -> dict:
+  """A feature drafter's params with its layer matrices, ``fc``, ``fuse`` and head rows at ``kind`` (a head
+  row matrix already quantized, the target's own rows under a quantized target, is kept as it is)."""
+  if kind == "fp32":
+    return params
+  out = dict(params)
+  out["layers"] = quant.quantize_params({"layers": params["layers"]}, kind)["layers"]
+  for name in ("lm_head", "fc", "fuse"):
+    w = params.get(name)
+    if w is not None and not quant.is_quantized(w):
+      k, group = quant.weight_kind(name, kind, w.shape[-1])
+      out[name] = quant.quantize(k, w, group)
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +175,7 @@ class DecodeSpec:
   draft_layers: Any = None                     # layer-skip: a count or layer indices
   sampling: sampling.SamplingParams = sampling.SamplingParams()
   index_tokens: int | None = None              # suffix: the index's token slots (None: the drafter's default)
+  head_weights: str | None = None              # eagle*: the trained head's weight type (None: the target's)
 
   @property
   def kind(self) -> drafter_registry.Kind:
@@ -165,17 +193,27 @@ class Decode:
   max_len: int
   draft: Model | None = None                   # the draft model, for a kind that runs one
   draft_layers: tuple[int, ...] | None = None  # layer-skip: the target's layers it drafts with
+  target_weights: str | None = None            # the target's weight type (a draft model's differing is labelled)
 
   @property
   def label(self) -> str:
-    """'model k=5', 'ngram sequoia:16', or 'none k=0' for plain decoding."""
-    return f"{self.spec.drafter} k={self.k_max}" if self.choice is None else f"{self.spec.drafter} {self.choice.label}"
+    """'model k=5', 'ngram sequoia:16', 'eagle@int8 k=5' (a head, or a draft model, at weights other than the
+    target's), or 'none k=0' for plain decoding."""
+    weights = self.spec.head_weights
+    if self.draft is not None and self.target_weights is not None and self.draft.weights != self.target_weights:
+      weights = self.draft.weights
+    name = self.spec.drafter if weights is None else f"{self.spec.drafter}@{weights}"
+    return f"{name} k={self.k_max}" if self.choice is None else f"{name} {self.choice.label}"
 
   def settings(self) -> dict:
     """What a result records about the method: drafter, k (N), the tree and its statistics."""
     out = {"drafter": self.spec.drafter, "k": self.k_max, **tree_stats(self.choice, self.k_max, self.spec.acceptance)}
     if self.draft_layers is not None:
       out["draft_layers"] = list(self.draft_layers)
+    if self.spec.head_weights is not None:
+      out["head_weights"] = self.spec.head_weights
+    if self.draft is not None:
+      out["draft_weights"] = self.draft.weights
     return out
 
   def engine_for(self, k: int, stats_nodes: int) -> spec.Engine:
@@ -208,7 +246,7 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
   d_obj, d_params, k_max = build_drafter(
       m, ds.drafter, k=choice.num_nodes if choice else ds.k, ngram=ds.ngram, draft_layers=ds.draft_layers,
       draft=draft, depth=choice.shape.max_depth if choice else None, max_len=max_len, ngram_caps=ds.ngram_caps,
-      index_tokens=ds.index_tokens)
+      index_tokens=ds.index_tokens, head_weights=ds.head_weights)
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)
   if batch_size is not None:
@@ -217,4 +255,5 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
   engine = make_engine(m, d_obj, k_max, ds.sampling, tuple(eos_ids), max_len,
                        tree=choice.shape if choice else None)
   layers = parse_layers(ds.draft_layers, m.cfg.num_layers) if kind.layers else None
-  return Decode(ds, engine, d_params, k_max, choice, max_len, draft if kind.draft_model else None, layers)
+  return Decode(ds, engine, d_params, k_max, choice, max_len, draft if kind.draft_model else None, layers,
+                m.weights)

@@ -140,7 +140,10 @@ def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Arr
   RMS-normalised and fused by ``fuse``."""
   if not ecfg.fused:
     return feats_BxTxF
-  return jnp.einsum("...f,df->...d", normalized_taps(ecfg, feats_BxTxF), params["fuse"])
+  taps = normalized_taps(ecfg, feats_BxTxF)
+  if quant.is_quantized(params["fuse"]):           # a head at --draft-weights int8/int4/bf16
+    return model_lib.linear(taps.reshape(-1, 1, taps.shape[-1]), params["fuse"]).reshape(*taps.shape[:-1], -1)
+  return jnp.einsum("...f,df->...d", taps, params["fuse"])
 
 
 def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array, backends=None) -> jax.Array:
