@@ -2,7 +2,8 @@
 (one forward per depth), the parallel head (one forward for all K positions) and, for scale, the target's own
 one-token step.
 
-  python scripts/draft_cost.py [--model qwen2.5-coder-1.5b] [--k 4] [--vocab 32768] [--context 384] [--json]
+  python scripts/draft_cost.py [--model qwen2.5-coder-1.5b] [--k 4] [--vocab 32768] [--context 384]
+                               [--head-weights fp32,bf16,int8] [--json]
 
 Heads with random weights of the target's shape (a trained head costs the same): fused low/middle/high
 features, a reduced head of ``--vocab`` rows.  Timed inside jit, batch 1, after one accepted token (the
@@ -13,7 +14,9 @@ steady state: two pending tokens fed first), median of ``--reps``:
   parallel_chain_ms       the parallel head's chain:K propose (one forward over pending + K - 1 placeholders)
   target_step_ms          the target's plain decoding step at the same context
 
-The issue's bar: the parallel chain:4 costs at most 1.5x one sequential step.
+The issue's bar: the parallel chain:4 costs at most 1.5x one sequential step.  ``--head-weights``: the heads
+again at each weight type (``--draft-weights`` of a head: its layer, fc, fuse and head rows quantized by
+``runtime.builder.quantize_head``), under ``by_head_weights``; the keys above are the first type's.
 """
 from __future__ import annotations
 
@@ -48,12 +51,15 @@ def main():
   ap.add_argument("--vocab", type=int, default=32768, help="reduced head rows (0: the full vocabulary)")
   ap.add_argument("--context", type=int, default=384)
   ap.add_argument("--reps", type=int, default=15)
+  ap.add_argument("--head-weights", default="fp32", help="comma-separated head weight types (fp32, bf16, int8, int4)")
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
   from specjax import api, buffers
   from specjax.kv_cache import init_cache
   from specjax.speculative import Engine, NoDrafter
+  from specjax.runtime.builder import quantize_head
   from specjax.training.data import default_fused_layers
+  head_weights = [w.strip() for w in args.head_weights.split(",") if w.strip()]
   m = api.load(args.model)
   cfg = m.cfg
   K, P = args.k, args.context
@@ -65,12 +71,14 @@ def main():
   seq = jnp.zeros((1, max_len), jnp.int32).at[:, :P + 2].set(jnp.asarray(rng.integers(100, 5000, (1, P + 2))))
   sp = sampling.SamplingParams()
   key = jax.random.PRNGKey(0)
-  out = {"model": args.model, "k": K, "vocab": args.vocab or cfg.vocab_size, "context": P}
-  for parallel in (0, K):
+  out = {"model": args.model, "k": K, "vocab": args.vocab or cfg.vocab_size, "context": P,
+         "by_head_weights": {w: {} for w in head_weights}}
+  for parallel, w in ((p_, w_) for w_ in head_weights for p_ in (0, K)):
+    row = out["by_head_weights"][w]
     ecfg = eagle.EagleConfig(cfg, default_fused_layers(cfg.num_layers), args.vocab, parallel)
     tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(1))
     head_ids = np.sort(rng.choice(cfg.vocab_size, ecfg.head_size, replace=False)) if ecfg.reduced else None
-    params = model_lib.unstack_layers({**tr, **eagle.frozen_from_target(ecfg, m.params, head_ids)})
+    params = model_lib.unstack_layers(quantize_head({**tr, **eagle.frozen_from_target(ecfg, m.params, head_ids)}, w))
     cls = ParallelEagleDrafter if parallel else eagle.EagleDrafter
     d = cls(ecfg.layer_cfg.replace(backends=cfg.backends), buckets=buckets, ecfg=ecfg, max_depth=K)
     feats = jnp.asarray(rng.normal(size=(1, P, ecfg.feature_dim)), jnp.float32)
@@ -82,11 +90,12 @@ def main():
     propose = jax.jit(lambda p, s: d.propose(p, s, seq, lengths, seq[:, P + 1], tree_shapes.chain(K), key,
                                              sp)[1].tokens_BxN1)
     name = "parallel" if parallel else "sequential"
-    out[f"{name}_chain_ms"] = _median_ms(lambda: propose(params, st), args.reps)
+    row[f"{name}_chain_ms"] = _median_ms(lambda: propose(params, st), args.reps)
     if not parallel:          # one depth: a one-token forward on top of the cache (what each later depth pays)
       ext = jax.jit(lambda p, c: d._extend(p, c, seq[:, P + 1:P + 2], 1, jnp.ones((1, 1), jnp.int32),
                                            jnp.ones((1, 1, 2), bool), jnp.zeros((1, 1, cfg.d_model)))[0])
-      out["sequential_step_ms"] = _median_ms(lambda: ext(params, st.cache.with_lengths(lengths)), args.reps)
+      row["sequential_step_ms"] = _median_ms(lambda: ext(params, st.cache.with_lengths(lengths)), args.reps)
+  out.update(out["by_head_weights"][head_weights[0]])
   eng = Engine(cfg=cfg, drafter=NoDrafter(), k_max=0, sp=sp, buckets=buckets)
   from specjax.speculative import engine as engine_lib
   state = engine_lib.init_jit(eng, m.prefill_params, (), init_cache(cfg, 1, max_len, m.dtype), prompt, lens,
@@ -99,7 +108,10 @@ def main():
     print(json.dumps(out, indent=1))
   else:
     for key_, v in out.items():
-      if key_ != "machine":
+      if key_ == "by_head_weights":
+        for w, row in v.items():
+          print(f"{'head weights ' + w:>40}: " + ", ".join(f"{n} {t:.1f}" for n, t in row.items()))
+      elif key_ != "machine":
         print(f"{key_:>40}: {v:.3f}" if isinstance(v, float) else f"{key_:>40}: {v}")
 
 if __name__ == "__main__":

@@ -170,3 +170,15 @@ def test_bench_json_reports_speculative_metrics(tiny_model, tmp_path):
   assert obj["batch_size"] == 2 and obj["prompts"] == 3 and obj["k"] == 2
   assert obj["speedup"] > 0 and obj["ar_tokens_per_s"] > 0 and obj["verify_ms"] > 0
   assert 1.0 <= obj["mean_accepted_length"] <= 3.0 and len(obj["acceptance_by_position"]) == 2
+
+
+def test_draft_weights_reach_a_trained_head_as_its_weight_type():
+  """``--draft-weights`` is a draft model's type when it loads, and a trained head's ``head_weights``."""
+  from argparse import Namespace
+  from specjax.cli import common
+  assert common.head_kwargs(Namespace(drafter="eagle-hybrid", draft_weights="int8")) == {"head_weights": "int8"}
+  assert common.head_kwargs(Namespace(drafter="eagle", draft_weights="auto")) == {}
+  assert common.head_kwargs(Namespace(drafter="model", draft_weights="int8")) == {}
+  args = Namespace(drafter="eagle", k=3, ngram=3, draft_layers=None, ngram_caps="1,3", tree=None, acceptance=None,
+                   draft_weights="int4")
+  assert common.drafter_kwargs(args)["head_weights"] == "int4"
