@@ -46,8 +46,8 @@ from specjax.kernels.qformat import (BLOCK, GROUP, GROUPS, KINDS, QUANTIZED, QWe
                                      is_quantized, pack_int4, quantize, unpack_int4)
 
 __all__ = ["BLOCK", "GROUP", "GROUPS", "KINDS", "QUANTIZED", "QWeight", "dequantize", "is_quantized", "pack_int4",
-           "quantize", "unpack_int4", "MATRICES", "weight_kind", "quantize_params", "holds_quantized",
-           "weights_kind", "compute_dtype", "activation_dtype", "embed_rows", "param_bytes", "bits_per_weight"]
+           "quantize", "unpack_int4", "MATRICES", "weight_kind", "quantize_matrix", "quantize_params",
+           "holds_quantized", "weights_kind", "compute_dtype", "activation_dtype", "embed_rows", "param_bytes", "bits_per_weight"]
 
 MATRICES = ("w_qkv", "wo", "w_gate_up", "w_down")
 _WARNED: set = set()
@@ -79,6 +79,13 @@ def weight_kind(name: str, kind: str, D: int) -> tuple[str, int | None]:
   return "bf16", None
 
 
+def quantize_matrix(name: str, w, kind: str) -> QWeight:
+  """The float matrix ``w`` (tensor ``name``) quantized as a model quantized to ``kind`` holds it
+  (``weight_kind``: its kind and group)."""
+  k, group = weight_kind(name, kind, w.shape[-1])
+  return quantize(k, w, group)
+
+
 def quantize_params(params: dict, kind: str) -> dict:
   """A model's parameters with its matrices quantized to ``kind`` by the policy in the module docstring.
   Norms, biases and any tensor not a matrix stay as they are.  'fp32' returns the parameters unchanged."""
@@ -90,8 +97,7 @@ def quantize_params(params: dict, kind: str) -> dict:
   def one(name, w):
     if isinstance(w, QWeight):
       raise SpecjaxError(f"'{name}' is already quantized ({w.kind}): load the model in fp32 to requantize")
-    k, group = weight_kind(name, kind, w.shape[-1])
-    return quantize(k, w, group)
+    return quantize_matrix(name, w, kind)
 
   out = dict(params)
   for name in ("embed", "lm_head"):

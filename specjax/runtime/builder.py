@@ -158,8 +158,7 @@ def quantize_head(params: dict, kind: str) -> dict:
   for name in ("lm_head", "fc", "fuse"):
     w = params.get(name)
     if w is not None and not quant.is_quantized(w):
-      k, group = quant.weight_kind(name, kind, w.shape[-1])
-      out[name] = quant.quantize(k, w, group)
+      out[name] = quant.quantize_matrix(name, w, kind)
   return out
 
 
