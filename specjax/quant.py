@@ -47,7 +47,8 @@ from specjax.kernels.qformat import (BLOCK, GROUP, GROUPS, KINDS, QUANTIZED, QWe
 
 __all__ = ["BLOCK", "GROUP", "GROUPS", "KINDS", "QUANTIZED", "QWeight", "dequantize", "is_quantized", "pack_int4",
            "quantize", "unpack_int4", "MATRICES", "weight_kind", "quantize_matrix", "quantize_params",
-           "holds_quantized", "weights_kind", "compute_dtype", "activation_dtype", "embed_rows", "param_bytes", "bits_per_weight"]
+           "holds_quantized", "weights_kind", "compute_dtype", "activation_dtype", "embed_rows", "param_bytes",
+           "bits_per_weight"]
 
 MATRICES = ("w_qkv", "wo", "w_gate_up", "w_down")
 _WARNED: set = set()
