@@ -2,6 +2,8 @@
 training forward at every position (before and after a commit), greedy output equals plain greedy for
 chains, static trees and dynamic trees, sampling stays lossless (chi-square; a broken rule is caught), export
 and load keep the placeholders (and a Qwen2 layer's biases), one forward per step, and clear errors."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from specjax import kv_cache, model, sampling
 from specjax.checkpoints import drafter_io
 from specjax.errors import SpecjaxError
+from specjax.runtime import builder
 from specjax.speculative import NoDrafter, eagle, registry, tree_shapes
 from specjax.speculative.drafters import DynamicShape
 from specjax.speculative.eagle_parallel import ParallelEagleDrafter
@@ -118,6 +121,11 @@ def test_export_round_trip_keeps_placeholders_and_biases(tmp_path, monkeypatch):
                                               ngram=3, ngram_caps=(), head=head)
   d, _ = build("eagle", (ecfg2, dp2), 3)
   assert isinstance(d, ParallelEagleDrafter) and d.max_depth == 3
+  # a result names what ran: `eagle` given a parallel head's directory is labelled eagle-parallel
+  label = lambda drafter, **kw: builder.Decode(builder.DecodeSpec("eagle", **kw), SimpleNamespace(drafter=drafter),
+                                               None, 3, None, 64).label
+  assert label(d) == "eagle-parallel k=3" and label(d, head_weights="int8") == "eagle-parallel@int8 k=3"
+  assert label(eagle.EagleDrafter(cfg, ecfg=ecfg2)) == "eagle k=3"
   with pytest.raises(SpecjaxError, match="3 positions per forward"):
     build("eagle-parallel", (ecfg2, dp2), 4)
   seq_cfg = eagle.EagleConfig(cfg, (0, 2), 16)

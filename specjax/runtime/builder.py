@@ -197,11 +197,15 @@ class Decode:
   @property
   def label(self) -> str:
     """'model k=5', 'ngram sequoia:16', 'eagle@int8 k=5' (a head, or a draft model, at weights other than the
-    target's), or 'none k=0' for plain decoding."""
+    target's), 'eagle-parallel k=4' (``--drafter eagle`` given a parallel head's directory), or 'none k=0' for
+    plain decoding."""
     weights = self.spec.head_weights
     if self.draft is not None and self.target_weights is not None and self.draft.weights != self.target_weights:
       weights = self.draft.weights
-    name = self.spec.drafter if weights is None else f"{self.spec.drafter}@{weights}"
+    drafter = self.spec.drafter
+    if drafter == "eagle" and getattr(self.engine.drafter, "name", drafter) == "eagle-parallel":
+      drafter = "eagle-parallel"
+    name = drafter if weights is None else f"{drafter}@{weights}"
     return f"{name} k={self.k_max}" if self.choice is None else f"{name} {self.choice.label}"
 
   def settings(self) -> dict:
