@@ -202,9 +202,7 @@ class Decode:
     weights = self.spec.head_weights
     if self.draft is not None and self.target_weights is not None and self.draft.weights != self.target_weights:
       weights = self.draft.weights
-    drafter = self.spec.drafter
-    if drafter == "eagle" and getattr(self.engine.drafter, "name", drafter) == "eagle-parallel":
-      drafter = "eagle-parallel"
+    drafter = drafter_registry.built_name(self.spec.drafter, self.engine.drafter)
     name = drafter if weights is None else f"{drafter}@{weights}"
     return f"{name} k={self.k_max}" if self.choice is None else f"{name} {self.choice.label}"
 

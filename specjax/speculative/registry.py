@@ -78,6 +78,14 @@ def draft_flag_help() -> str:
   return f"--drafter {model} (a draft model) or {heads} (a trained drafter's directory)"
 
 
+def built_name(name: str, drafter) -> str:
+  """The name a result gives a drafter built as ``name``: ``eagle`` given a parallel head's directory builds
+  the parallel drafter, and is named for it (``eagle-parallel``); every other kind keeps its name."""
+  if name == "eagle" and getattr(drafter, "name", name) == "eagle-parallel":
+    return "eagle-parallel"
+  return name
+
+
 def absorb(drafter, draft_params, sequences):
   """The draft params after ``sequences`` (finished prompt + output token ids) have been seen: a learning
   drafter's index grows (same shapes, nothing recompiles); every other drafter's params are returned as they
