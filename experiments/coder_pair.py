@@ -24,6 +24,8 @@ config), and every row says whether its outputs equal plain decoding's token for
 """
 from __future__ import annotations
 
+import numpy as np
+
 from specjax import api, bench, costmodel, quant
 from specjax.errors import SpecjaxError
 from specjax.speculative import registry as drafter_registry
@@ -83,8 +85,20 @@ def cost_model_speedup(device, cfg, r: dict, context: int, dtype: str, draft_cfg
                                      weights=weights, draft_weights=draft_weights)
 
 
-def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
+def by_category(speedup_by_prompt, categories) -> dict:
+  """The median per-prompt speedup within each prompt category (Spec-Bench's translation, qa, ...; MT-bench's
+  eight), in the order the categories first appear.  ``speedup_by_prompt``: one ratio per prompt (batch 1)."""
+  if len(speedup_by_prompt) != len(categories):
+    raise ValueError(f"{len(speedup_by_prompt)} per-prompt speedups for {len(categories)} prompts")
+  out = {}
+  for c in dict.fromkeys(categories):
+    out[c] = round(float(np.median([s for s, c_ in zip(speedup_by_prompt, categories) if c_ == c])), 4)
+  return out
+
+
+def _row(group: str, x: int, r: dict, predicted_cm: float | None, categories=None) -> dict:
   err = None if predicted_cm is None else predicted_cm / r["speedup"] - 1.0
+  cats = sorted(set(categories or ()))
   return {"group": group, "x": x, "method": r["method"], "k": r["k"], "tree": r.get("tree"),
           "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
           "speedup": r["speedup"], "speedup_median": r["speedup_median"], "speedup_ci95": r["speedup_ci95"],
@@ -93,7 +107,9 @@ def _row(group: str, x: int, r: dict, predicted_cm: float | None) -> dict:
           "cost_model_error": err, "outputs_identical": r["outputs_identical"],
           "outputs_compared": r["outputs_compared"],
           "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]],
-          **({"lookup_step_share": r["lookup_step_share"]} if "lookup_step_share" in r else {})}
+          **({"lookup_step_share": r["lookup_step_share"]} if "lookup_step_share" in r else {}),
+          **({"speedup_by_category": by_category(r["speedup_by_prompt"], categories)}
+             if len(cats) > 1 and "speedup_by_prompt" in r else {})}
 
 
 def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.5b", prompts: str = "",
@@ -143,7 +159,7 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
     dw = s["draft"].weights if isinstance(s.get("draft"), api.Model) else None
     cm = None if group.startswith(head_groups) else cost_model_speedup(spec, m.cfg, r, context, dtype, d.cfg,
                                                                        quant.weights_kind(m.params), dw)
-    rows.append(_row(group, x, r, cm))
+    rows.append(_row(group, x, r, cm, [p.category for p in chosen]))
   spec_rows = rows[1:]
   best = max(spec_rows, key=lambda r: r["speedup"])
   best_by_group = {g: max((r for r in spec_rows if r["group"] == g), key=lambda r: r["speedup"])["method"]

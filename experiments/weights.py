@@ -1,6 +1,7 @@
 """Weight types: for fp32, bf16, int8 and int4 weights of one model, plain decoding speed (and the fraction of
-the read roofline it reaches with the bytes actually read), the verify cost for 1…32 rows, speculative
-speedups on the same prompts, and perplexity on a fixed text.
+the read roofline it reaches with the bytes actually read), the verify cost for 1…32 rows and the ceiling it
+puts on any drafter (``speculation_ceiling``), speculative speedups on the same prompts, and perplexity on a
+fixed text.
 
 The model is loaded at each type as ``--weights`` loads it (quantized from its fp32 weights by
 ``quant.quantize_params``, once per type for a GGUF model, then mapped from the converted-weight cache), and
@@ -31,6 +32,19 @@ TEXT = (
     "each sequence may speculate. The weights themselves change this picture: stored in eight or four bits "
     "instead of thirty-two, each step reads fewer bytes, runs faster, and reaches the point where arithmetic "
     "rather than memory sets the pace at a smaller batch.")
+
+
+def speculation_ceiling(verify_ms_by_rows: dict) -> tuple[float, int] | None:
+  """The speedup an oracle drafter would reach on this machine: always right and free, a chain of T - 1
+  commits T tokens for one T-row verification, so its speedup is T * t(1) / t(T); the best T of those
+  measured.  No real drafter can beat it at these rows (a chain of k verifies k + 1 rows and commits at most
+  k + 1 tokens).  Returns (speedup, T), or None without the one-row time or any wider one."""
+  t1 = verify_ms_by_rows.get(1)
+  wider = [T for T in verify_ms_by_rows if T > 1]
+  if not t1 or not wider:
+    return None
+  best = max(wider, key=lambda T: T * t1 / verify_ms_by_rows[T])
+  return best * t1 / verify_ms_by_rows[best], best
 
 
 def with_weights(m: api.Model, name: str, kind: str) -> api.Model:
@@ -108,6 +122,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
     ppl = api.score(mk, text).perplexity
     verify = {T: time_forward(mk, 1, T, context, verify_repeats) * 1e3 for T in rows}
     predicted = {T: costmodel.step_time(spec, mk.cfg, 1, T, context, weights=k) * 1e3 for T in rows}
+    ceiling = speculation_ceiling(verify)
     row = {"weights": k, "weight_bytes": mk.weight_bytes, "bits_per_weight": round(8 * mk.weight_bytes / max(
                1, sum(int(np.prod(x.shape)) for x in _matrices(mk.params))), 2),
            "tokens_per_s": round(plain, 2),
@@ -116,7 +131,9 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
            "perplexity": round(ppl, 4),
            "perplexity_vs_fp32": None if ppl_fp32 is None else round(ppl / ppl_fp32 - 1, 5),
            **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()},
-           **{f"predicted_verify_ms_T{T}": round(v, 3) for T, v in predicted.items()}}
+           **{f"predicted_verify_ms_T{T}": round(v, 3) for T, v in predicted.items()},
+           "oracle_ceiling": None if ceiling is None else round(ceiling[0], 3),
+           "oracle_ceiling_rows": None if ceiling is None else ceiling[1]}
     for label, t in tps_of.items():
       if label.startswith(f"{k} ") and label != f"{k} plain":
         name = label[len(k) + 1:]
@@ -126,13 +143,15 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
         row[f"predicted_speedup_{name}"] = None if pred is None else round(pred, 3)
         row[f"identical_{name}"] = f"{same[0]}/{same[1]}"
     table.append(row)
-    log(f"[weights] {k}: {plain:.1f} tok/s, ppl {ppl:.3f}, verify T=1 {verify[rows[0]]:.1f} ms")
+    log(f"[weights] {k}: {plain:.1f} tok/s, ppl {ppl:.3f}, verify T=1 {verify[rows[0]]:.1f} ms"
+        + ("" if ceiling is None else f", oracle ceiling {ceiling[0]:.2f}x at {ceiling[1]} rows"))
   return {
       "title": f"weight types: {model}, {len(chosen)} prompts, greedy, {max_new_tokens} new tokens",
       "rows": table,
       "summary": {"read_bandwidth_gbs": bw, "fp32_tokens_per_s": fp32_tps, "device": spec.name,
                   "speedups_vs_fp32": {r["weights"]: r["speedup_vs_fp32"] for r in table},
-                  "perplexity_vs_fp32": {r["weights"]: r["perplexity_vs_fp32"] for r in table}},
+                  "perplexity_vs_fp32": {r["weights"]: r["perplexity_vs_fp32"] for r in table},
+                  "oracle_ceiling": {r["weights"]: r["oracle_ceiling"] for r in table}},
       "plots": [{"file": "tokens_per_s_by_weights.png", "x": "weights", "y": "tokens_per_s",
                  "title": "plain decoding speed by weight type (same prompts, one run)"}],
   }

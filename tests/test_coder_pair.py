@@ -284,11 +284,20 @@ def test_coder_pair_experiment_on_tiny_models(tmp_path, task_file, monkeypatch):
   assert res["summary"]["all_outputs_identical"]                         # greedy: token for token
   hybrid = res["rows"][-1]
   assert 0.0 <= hybrid["lookup_step_share"] <= 1.0 and "lookup_step_share" not in res["rows"][1]
+  assert "speedup_by_category" not in res["rows"][1]          # one category (humaneval): nothing to split
   chains = [r for r in res["rows"] if r["group"] == "model chain"]
   assert all(r["cost_model_speedup"] is not None and r["cost_model_speedup"] > 0 for r in chains)
   assert all(r.get("cost_model_speedup") is None for r in res["rows"] if r["group"] in ("model sequoia", "hybrid chain"))
   cp.plot(res, tmp_path)    # the k plot (chains) and the N plot (trees)
   assert (tmp_path / "tau_speedup_vs_k.png").is_file() and (tmp_path / "tau_speedup_vs_nodes.png").is_file()
+
+
+def test_speedup_by_category_is_each_categorys_median():
+  from experiments import coder_pair as cp
+  got = cp.by_category([1.0, 3.0, 2.0, 0.5, 0.7, 0.9], ["qa", "qa", "rag", "qa", "rag", "rag"])
+  assert list(got) == ["qa", "rag"] and got == {"qa": 1.0, "rag": 0.9}
+  with pytest.raises(ValueError, match="3 prompts"):
+    cp.by_category([1.0, 2.0], ["qa", "qa", "rag"])
 
 
 def test_coder_pair_method_grid():

@@ -310,5 +310,18 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   assert abs(rows["int8"]["perplexity_vs_fp32"]) < 0.05
   assert all(0 < r["predicted_verify_ms_T1"] < r["predicted_verify_ms_T4"] and r["predicted_speedup_ngram k3"] > 0
              for r in rows.values())
+  assert all(r["oracle_ceiling_rows"] == 4 and abs(r["oracle_ceiling"] - 4 * r["verify_ms_T1"] / r["verify_ms_T4"]) < 0.01
+             for r in rows.values())
   wx.plot(res, tmp_path)
   assert (tmp_path / "verify_cost_by_weights.png").is_file()
+
+
+def test_speculation_ceiling_is_the_best_oracle_chain():
+  """An always-right, free drafter with a chain of T - 1 commits T tokens per T-row verification."""
+  from experiments.weights import speculation_ceiling
+  # the 1.5B at int8 on an Intel model 167 (BENCHMARKS, "Quantized weights"): under 2.5x at every width
+  speed, T = speculation_ceiling({1: 67.9, 2: 78.2, 4: 112.3, 8: 219.9, 16: 438.5})
+  assert T == 16 and abs(speed - 16 * 67.9 / 438.5) < 1e-9 and speed < 2.5
+  assert speculation_ceiling({1: 10.0, 2: 10.0, 4: 10.0}) == (4.0, 4)       # rows free: the widest wins
+  assert speculation_ceiling({1: 10.0, 4: 50.0}) == (0.8, 4)                # rows dear: under 1, it loses
+  assert speculation_ceiling({4: 50.0}) is None and speculation_ceiling({1: 10.0}) is None
