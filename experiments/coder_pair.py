@@ -98,7 +98,7 @@ def by_category(speedup_by_prompt, categories) -> dict:
 
 def _row(group: str, x: int, r: dict, predicted_cm: float | None, categories=None) -> dict:
   err = None if predicted_cm is None else predicted_cm / r["speedup"] - 1.0
-  cats = sorted(set(categories or ()))
+  several = len(set(categories or ())) > 1           # categories to split the speedup by
   return {"group": group, "x": x, "method": r["method"], "k": r["k"], "tree": r.get("tree"),
           "mean_accepted_length": r["mean_accepted_length"], "acceptance_rate": r["acceptance_rate"],
           "speedup": r["speedup"], "speedup_median": r["speedup_median"], "speedup_ci95": r["speedup_ci95"],
@@ -109,7 +109,7 @@ def _row(group: str, x: int, r: dict, predicted_cm: float | None, categories=Non
           "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]],
           **({"lookup_step_share": r["lookup_step_share"]} if "lookup_step_share" in r else {}),
           **({"speedup_by_category": by_category(r["speedup_by_prompt"], categories)}
-             if len(cats) > 1 and "speedup_by_prompt" in r else {})}
+             if several and "speedup_by_prompt" in r else {})}
 
 
 def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.5b", prompts: str = "",
