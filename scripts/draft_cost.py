@@ -112,7 +112,6 @@ def main():
     row = out["by_head_weights"][w] = _interleaved_medians_ms(fns, args.reps)
     # what the sequential chain pays per drafted token on average (its first step feeds the pending tokens)
     row["sequential_mean_step_ms"] = row["sequential_chain_ms"] / K
-    del fns
   out.update(out["by_head_weights"][head_weights[0]])
   eng = Engine(cfg=cfg, drafter=NoDrafter(), k_max=0, sp=sp, buckets=buckets)
   from specjax.speculative import engine as engine_lib
