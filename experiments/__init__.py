@@ -1,7 +1,7 @@
 """Experiments: plain functions returning {"title", "rows", "summary", "plots"}; bound by gin in the CLI.
 
 Each returns rows (one dict per table line), a summary dict, and declarative plot specs that the runner
-renders (see ``specjax.report.make_plot``).
+renders (see ``specjax.eval.report.make_plot``).
 """
 from experiments.acceptance_vs_k import acceptance_vs_k
 from experiments import coder_pair as _coder_pair

@@ -1,7 +1,8 @@
 """Acceptance vs k: τ, α and speedup for each drafter and k = 1..8, against plain decoding on the same prompts."""
 from __future__ import annotations
 
-from specjax import api, bench
+from specjax import api
+from specjax.eval import bench
 from experiments.common import pick_prompts, setup
 
 

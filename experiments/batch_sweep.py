@@ -15,7 +15,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from specjax import api, buffers, costmodel
+from specjax import api
+from specjax.models import buffers
+from specjax.measure import costmodel
 from specjax.measure import calibrate
 from specjax.speculative import registry as drafter_registry
 from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
@@ -110,7 +112,7 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
   m = api.load(model)
   draft_model = drafter_registry.get(drafter).draft_model
   if draft_model:
-    from specjax.checkpoints import registry
+    from specjax.checkpoints import catalog as registry
     draft = draft or registry.default_draft(model)
     if not draft:
       from specjax.errors import SpecjaxError

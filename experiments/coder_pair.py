@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax import api, bench, costmodel, quant
+from specjax import api
+from specjax.eval import bench
+from specjax.measure import costmodel
+from specjax.models import quant
 from specjax.errors import SpecjaxError
 from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts, setup

@@ -1,7 +1,8 @@
 """Shared setup for experiments: load the model, pick prompts, build the batches every method runs on."""
 from __future__ import annotations
 
-from specjax import api, bench
+from specjax import api
+from specjax.eval import bench
 from specjax.prompts import Prompt, load_prompts
 
 

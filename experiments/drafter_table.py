@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from specjax import api, bench
+from specjax import api
+from specjax.eval import bench
 from specjax.speculative import registry as drafter_registry
 from experiments.common import pick_prompts
 

@@ -2,7 +2,7 @@
 each candidate subset predicts (and achieves) on the same prompts."""
 from __future__ import annotations
 
-from specjax import bench
+from specjax.eval import bench
 from experiments.common import pick_prompts, setup
 
 

@@ -1,7 +1,8 @@
 """Quickstart: plain decoding vs each drafter on the default real model and the built-in prompt set."""
 from __future__ import annotations
 
-from specjax import api, bench
+from specjax import api
+from specjax.eval import bench
 from experiments.common import pick_prompts, setup
 
 

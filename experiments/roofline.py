@@ -1,5 +1,5 @@
 """Roofline: the real model's measured step time over a grid of batch B × new rows T, against the calibrated
-cost model's prediction (``specjax.costmodel``).
+cost model's prediction (``specjax.measure.costmodel``).
 
 Each point times one target forward of B sequences × T new tokens at a fixed committed context, exactly the
 forward a decoding or verification step runs (native kernels on the CPU, the KV buffer donated so nothing is
@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import api, buffers, costmodel, decode, kv_cache
+from specjax import api
+from specjax.models import buffers, decode, kv_cache
+from specjax.measure import costmodel
 from specjax.measure import calibrate
 
 

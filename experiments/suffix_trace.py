@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from specjax import api, paired
+from specjax import api
+from specjax.measure import paired
 from specjax.serving import batcher as bt, factory, trace as trace_lib
 from specjax.speculative import suffix
 from experiments.common import encode_trace, pick_prompts

@@ -12,11 +12,12 @@ step, draft + verify at N+1 rows) is reported next to the best measured N.
 """
 from __future__ import annotations
 
-from specjax import api, bench
+from specjax import api
+from specjax.eval import bench
 from specjax.errors import SpecjaxError
 from specjax.measure import calibrate
 from specjax.speculative import registry as drafter_registry
-from specjax.speculative import tree_shapes as shapes_lib
+from specjax.speculative.trees import specs as shapes_lib
 from experiments.common import pick_prompts, setup
 
 SHAPES = ("chain", "branch", "sequoia", "sequoia_flat", "dynamic")

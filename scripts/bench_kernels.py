@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, config, model, provenance
+from specjax.models import buffers, config, decoder as model
+from specjax.measure import provenance
 from specjax.kernels import cpu_matmul, dispatch, native
 
 ISAS = ["avx512"]   # kernel paths to time (set from --isa)
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 
 
 def median_ms(fn, *args, repeats=15):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import provenance
+from specjax.measure import provenance
 from specjax.kernels import cpu_matmul, cpu_qmatmul, native
 from specjax.kernels import qformat
 

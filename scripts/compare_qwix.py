@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import provenance, quant
+from specjax.measure import provenance
+from specjax.models import quant
 from specjax.kernels import cpu_qmatmul
 
 

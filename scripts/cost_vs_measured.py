@@ -20,9 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def predictions(bench: dict, device=None, draft_model: str | None = None, log=print) -> list[dict]:
-  from specjax import config, memory
+  from specjax.models import config
+  from specjax.measure import memory
   from specjax.measure import calibrate
-  from specjax.checkpoints import registry
+  from specjax.checkpoints import catalog as registry
   cfg = config.PRESETS.get(bench["model"])
   if cfg is None:
     raise SystemExit(f"{bench['model']}: only registry models with a preset config are supported here")

@@ -13,7 +13,7 @@ On a lent GPU (or TPU) it runs, in a few minutes:
               every draft is accepted), on every attention path the device has
               (Pallas and XLA), in fp32 and bf16
   speedups    with ``--model`` (weights already in the cache: a lent machine has no network) n-gram and
-              the draft model against plain decoding (``specjax.bench``); without, the n-gram engine on
+              the draft model against plain decoding (``specjax.eval.bench``); without, the n-gram engine on
               random weights, labelled as such (its acceptance says nothing about real text)
 
 The model is random-initialised at the shape of ``--config`` (default: SmolLM2-135M's; ``--tiny``: a 2-layer
@@ -34,11 +34,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specjax import config, costmodel, kv_cache, machine, model, sampling  # noqa: E402
+from specjax import machine
+from specjax.models import config, kv_cache, decoder as model, sampling
+from specjax.measure import costmodel  # noqa: E402
 from specjax.kernels import dispatch  # noqa: E402
-from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
+from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
+from specjax.speculative.trees import specs as tree_shapes  # noqa: E402
 from specjax.speculative.drafters import DynamicShape  # noqa: E402
-from specjax.speculative.static_tree import StaticTree  # noqa: E402
+from specjax.speculative.trees.static import StaticTree  # noqa: E402
 
 TOLERANCE = {"float32": 2e-4, "bfloat16": 3e-2}     # max |kernel - reference|, outputs of magnitude ~1
 
@@ -70,7 +73,7 @@ def _tree_mask(T: int, U: int, rng) -> np.ndarray:
 
 def check_kernels(shapes, interpret: bool, mask_kinds=("tree", "chain")) -> list[dict]:
   """The Pallas tree-attention kernel against its reference, per shape and dtype."""
-  from pallas_kernels.tree_attention import tree_attention, tree_attention_reference
+  from specjax.kernels.pallas.tree_attention import tree_attention, tree_attention_reference
   rows = []
   rng = np.random.default_rng(0)
   for (B, T, H, K, E, S) in shapes:
@@ -184,7 +187,7 @@ def check_speedups(model_name: str | None, cfg, B: int, P: int, max_new: int) ->
     out = {"model": model_name, "weights": "real"}
     for drafter in ("ngram", "model"):
       try:
-        res = specjax.bench(m, prompts, batch_size=B, max_new_tokens=max_new, drafter=drafter, k=4,
+        res = specjax.eval.bench(m, prompts, batch_size=B, max_new_tokens=max_new, drafter=drafter, k=4,
                             log=lambda s: _log(str(s)))
         out[drafter] = {"speedup": res.get("speedup"), "tau": res.get("mean_accepted_length"),
                         "tokens_per_s": res.get("spec_tokens_per_s"), "ar_tokens_per_s": res.get("ar_tokens_per_s")}

@@ -33,8 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib, provenance, sampling
-from specjax.speculative import eagle, tree_shapes
+from specjax.models import decoder as model_lib, sampling
+from specjax.measure import provenance
+from specjax.speculative import eagle
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.eagle_parallel import ParallelEagleDrafter
 
 
@@ -66,8 +68,9 @@ def main():
   ap.add_argument("--head-weights", default="fp32", help="comma-separated head weight types (fp32, bf16, int8, int4)")
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
-  from specjax import api, buffers
-  from specjax.kv_cache import init_cache
+  from specjax import api
+  from specjax.models import buffers
+  from specjax.models.kv_cache import init_cache
   from specjax.speculative import Engine, NoDrafter
   from specjax.runtime.builder import quantize_head
   from specjax.training.data import default_fused_layers

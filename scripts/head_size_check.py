@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib, provenance
+from specjax.models import decoder as model_lib
+from specjax.measure import provenance
 from specjax.training import eagle_train
 
 

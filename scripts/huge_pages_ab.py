@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from specjax import api, provenance
+from specjax import api
+from specjax.measure import provenance
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and two tests."
 

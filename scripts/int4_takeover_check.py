@@ -19,7 +19,8 @@ from collections import defaultdict
 import gguf
 import numpy as np
 
-from specjax import provenance, quant
+from specjax.measure import provenance
+from specjax.models import quant
 from specjax.checkpoints import resolve
 
 KINDS = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}

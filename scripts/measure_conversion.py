@@ -45,7 +45,7 @@ def main(argv=None) -> int:
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args(argv)
   sys.path.insert(0, str(ROOT))
-  from specjax.checkpoints import registry
+  from specjax.checkpoints import catalog as registry
   src = registry.cached_path(args.model)
   if not src.is_file():
     raise SystemExit(f"{args.model} is not cached: run `specjax models` / fetch it first ({src})")

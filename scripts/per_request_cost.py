@@ -14,7 +14,8 @@ import argparse
 import json
 import time
 
-from specjax import api, sampling
+from specjax import api
+from specjax.models import sampling
 from specjax.prompts import load_prompts
 from specjax.serving import batcher as bt, factory
 

@@ -20,7 +20,9 @@ import sys
 import numpy as np
 
 import specjax
-from specjax import api, bench, buffers, sampling
+from specjax import api
+from specjax.eval import bench
+from specjax.models import buffers, sampling
 from specjax import speculative as spec
 from specjax.prompts import load_prompts
 from specjax.speculative.replay import replay_greedy

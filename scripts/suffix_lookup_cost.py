@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
-from specjax.speculative import tree_shapes
+from specjax.models import sampling
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.suffix import SuffixDrafter, absorb, empty_index
 
 

@@ -1,6 +1,6 @@
 """specjax: a JAX/XLA research framework for speculative decoding."""
 from specjax.api import Generation, Model, ScoreResult, generate, load, score, tokenize
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
 
 __all__ = ["Generation", "Model", "ModelConfig", "ScoreResult", "SpecjaxError", "generate", "load", "score",

@@ -18,11 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, distributed, model as model_lib, provenance, sampling
+from specjax.models import buffers, decoder as model_lib, sampling
+from specjax.parallel import distributed
+from specjax.measure import provenance
 from specjax import speculative as spec
-from specjax.buffers import AUTO_MAX_LEN_LIMIT, DEFAULT_MAX_LEN
+from specjax.models.buffers import AUTO_MAX_LEN_LIMIT, DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 from specjax.progress import say
 from specjax.prompts import Prompt
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary, device_memory_bytes
@@ -31,7 +33,8 @@ from specjax.runtime.builder import (DEFAULT_NGRAM_CAPS, Decode, DecodeSpec, bui
 from specjax.runtime.compiled import compile_generate, device_inputs, make_engine
 from specjax.runtime.loaded import Model, default_dtype, load, on_mesh
 from specjax.runtime.trees import acceptance_tree, resolve_tree, tree_stats
-from specjax.speculative import registry as drafter_registry, tree_shapes
+from specjax.speculative import registry as drafter_registry
+from specjax.speculative.trees import specs as tree_shapes
 
 
 DRAFTERS = drafter_registry.NAMES   # the drafter names (speculative/registry.py says what each needs)

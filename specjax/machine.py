@@ -3,7 +3,7 @@ naming it.
 
 The same command can differ by 2x between two of the machines these benchmarks run on (an AVX-512 Intel and
 an AVX2-only AMD, say), so every stored measurement (calibration, kernel choices, compiled executables) is
-filed under ``tag()``, and every number is recorded with ``specjax.provenance.describe()``.
+filed under ``tag()``, and every number is recorded with ``specjax.measure.provenance.describe()``.
 """
 from __future__ import annotations
 

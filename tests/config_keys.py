@@ -162,7 +162,7 @@ def result_file(name: str, out: Path) -> Path:
 
 def run_in_process(name: str, inputs: dict[str, str], work: Path) -> dict:
   """The config through the runner, as ``specjax run``/``specjax train`` would, in this process."""
-  from specjax import runner
+  from specjax.cli import runner
   out = work / f"{name}-out"
   binds = bindings(name, inputs, work)
   config = str(ROOT / "configs" / f"{name}.gin")

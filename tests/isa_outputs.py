@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import quant
+from specjax.models import quant
 from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, native
 
 

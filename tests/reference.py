@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 
 
 def random_hf_weights(cfg: ModelConfig, seed: int = 0) -> dict:

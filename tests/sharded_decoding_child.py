@@ -13,9 +13,11 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from specjax import config, kv_cache, model, quant, sampling, sharding  # noqa: E402
+from specjax.models import config, kv_cache, decoder as model, quant, sampling
+from specjax.parallel import sharding  # noqa: E402
 from specjax.kernels import dispatch  # noqa: E402
-from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, tree_shapes  # noqa: E402
+from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
+from specjax.speculative.trees import specs as tree_shapes  # noqa: E402
 
 # Every sharded dimension divisible by 8: 8 heads = 8 KV heads of 4, FFN 64, vocabulary 128, batch 8.
 CFG = config.TINY.replace(name="tiny-tp", num_layers=2, d_model=32, num_heads=8, num_kv_heads=8, head_dim=4,

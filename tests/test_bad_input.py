@@ -111,7 +111,7 @@ def test_a_directory_that_is_not_a_drafter(tmp_path, no_loading):
 
 def test_sizes_that_cannot_fit_are_refused_with_the_bill(tiny_model, monkeypatch):  # noqa: F811
   """A batch or a slot count whose buffers exceed memory stops before any prompt is batched or compiled."""
-  from specjax import bench
+  from specjax.eval import bench
   from specjax.serving import batcher
 
   def slow(*a, **k):

@@ -6,7 +6,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from specjax import config, model, speculative as spec
+from specjax import speculative as spec
+from specjax.models import config, decoder as model
 from specjax.errors import SpecjaxError
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.runtime.loaded import Model

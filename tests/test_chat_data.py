@@ -77,7 +77,7 @@ def test_merged_store_is_the_sources_end_to_end(tmp_path, target_tiny):
 
 @pytest.fixture(scope="module")
 def target_tiny():
-  from specjax import model
+  from specjax.models import decoder as model
   return model.init_params(CFG, jax.random.PRNGKey(0))
 
 

@@ -20,13 +20,13 @@ import tokenizers
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from specjax import model as M
-from specjax.checkpoints import (LoadedModel, Tokenizer, load_gguf, load_hf_dir, load_model,
-                                 permute_qk_llamacpp, registry, resolve, unpermute_qk_llamacpp)
+from specjax.models import decoder as M
+from specjax.checkpoints import LoadedModel, Tokenizer, load_gguf, load_hf_dir, load_model, permute_qk_llamacpp, resolve, unpermute_qk_llamacpp
+from specjax.checkpoints import catalog as registry
 from specjax.checkpoints import download, gguf_loader
-from specjax.config import ModelConfig, RopeScaling
+from specjax.models.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError, ConfigError, ModelNotFoundError
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 
 jax.config.update("jax_enable_x64", False)
 

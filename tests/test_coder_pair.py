@@ -17,8 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import bench, cli, codeeval, memory
-from specjax.checkpoints import converted, download, gguf_loader, load_gguf, load_model, registry
+from specjax import cli
+from specjax.eval import bench, codeeval
+from specjax.measure import memory
+from specjax.checkpoints import converted, download, gguf_loader, load_gguf, load_model
+from specjax.checkpoints import catalog as registry
 from specjax.errors import ModelNotFoundError, SpecjaxError
 from specjax.prompts import HUMANEVAL_INSTRUCTION, Prompt, load_prompts
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
@@ -355,7 +358,7 @@ def test_coder_pair_needs_prompts():
 
 
 def test_presets_match_the_real_files_when_cached():
-  from specjax import config
+  from specjax.models import config
   for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
     path = registry.cached_path(name)
     if not path.is_file():
@@ -381,7 +384,8 @@ def test_bad_pairs_and_long_prompts_are_one_line_errors(tmp_path, qwen_gguf, mon
 
 def test_cost_vs_measured_script(tmp_path):
   import importlib.util
-  from specjax import config, costmodel
+  from specjax.models import config
+  from specjax.measure import costmodel
   spec_ = importlib.util.spec_from_file_location("cvm", Path(__file__).resolve().parents[1] / "scripts" /
                                                  "cost_vs_measured.py")
   cvm = importlib.util.module_from_spec(spec_)
@@ -413,7 +417,8 @@ def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
 
 def test_crossover_with_a_draft_model_times_plain_decoding_without_it(tmp_path, monkeypatch):
   from experiments import batch_sweep
-  from specjax import api, costmodel
+  from specjax import api
+  from specjax.measure import costmodel
   from specjax.serving import factory
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
   target, draft = _tiny_pair(tmp_path)

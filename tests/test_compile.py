@@ -3,7 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config, kv_cache, model, sampling, speculative
+from specjax import speculative
+from specjax.models import config, kv_cache, decoder as model, sampling
 from tests.compile_counter import count_compiles
 
 

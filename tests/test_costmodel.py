@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import api, buffers, config, costmodel, kv_cache, memory, model
+from specjax import api
+from specjax.models import buffers, config, kv_cache, decoder as model
+from specjax.measure import costmodel, memory
 from specjax.measure import calibrate
 from specjax.errors import SpecjaxError
 
@@ -277,7 +279,7 @@ def test_weight_bytes_by_type_equal_a_hand_count():
   assert costmodel.step_cost(CFG, 1, 1, 8, weights="int4").weight_bytes == 3 * layer4 + vocab4
   with pytest.raises(SpecjaxError, match="unknown weight type 'int3'"):
     costmodel.weight_bytes(CFG, "int3")
-  from specjax import quant
+  from specjax.models import quant
   from specjax.cli import flags
   assert flags.WEIGHT_KINDS == quant.KINDS
 

@@ -36,7 +36,7 @@ def test_the_device_check_runs_in_tiny_mode_and_writes_its_json(tmp_path, capsys
 def test_a_kernel_that_disagrees_with_its_reference_is_reported(tmp_path, monkeypatch):
   """The check has power: a kernel off by a little fails the tolerance, and the command exits 1."""
   import importlib
-  ta = importlib.import_module("pallas_kernels.tree_attention")
+  ta = importlib.import_module("specjax.kernels.pallas.tree_attention")
   real = ta.tree_attention
   monkeypatch.setattr(ta, "tree_attention", lambda *a, **k: real(*a, **k) * 1.01)
   rows = device_check.check_kernels([(2, 4, 4, 2, 16, 64)], interpret=True, mask_kinds=("tree",))

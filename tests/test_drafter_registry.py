@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from specjax import config, model
+from specjax.models import config, decoder as model
 from specjax.errors import SpecjaxError
 from specjax.speculative import drafters, registry, suffix
 

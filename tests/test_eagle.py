@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import tokenizers
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax.checkpoints import drafter_io
 from specjax.errors import SpecjaxError
-from specjax.speculative import Engine, NoDrafter, generate, tree_shapes
+from specjax.speculative import Engine, NoDrafter, generate
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative import eagle
 from specjax.speculative.drafters import DynamicShape
 from specjax.training import data as data_lib, eagle_train
@@ -261,7 +262,7 @@ def test_feature_store_and_batches(tmp_path, target):
 TRAIN_SCRIPT = r"""
 import json, sys, time, jax, numpy as np
 sys.path.insert(0, {root!r})
-from specjax import config, model
+from specjax.models import config, decoder as model
 from specjax.training import recipes
 from specjax.speculative import eagle
 CFG = config.TINY.replace(num_layers=3)
@@ -450,7 +451,7 @@ DP_SCRIPT = r"""
 import json, os, sys
 sys.path.insert(0, {root!r})
 import jax, numpy as np
-from specjax import config, model
+from specjax.models import config, decoder as model
 from specjax.training import recipes
 CFG = config.TINY.replace(num_layers=3)
 target = model.init_params(CFG, jax.random.PRNGKey(0))

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax.errors import SpecjaxError
-from specjax.speculative import Engine, NoDrafter, eagle, generate, registry, tree_shapes
+from specjax.speculative import Engine, NoDrafter, eagle, generate, registry
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.eagle_lookup import EagleLookupDrafter
 from tests import test_speculative as ts
 from tests.test_eagle import _drafter_params
@@ -113,7 +114,8 @@ def test_registry_builds_it_and_refuses_trees_and_parallel_heads(target):
 def test_heads_on_a_quantized_target_are_greedy_exact_through_the_api(tmp_path):
   """``--weights int8``: the head's decoder layer is quantized like the target's; ``eagle`` and ``eagle-hybrid``
   decode what plain greedy decoding of the same quantized target does."""
-  from specjax import api, quant
+  from specjax import api
+  from specjax.models import quant
   from specjax.runtime import builder
   from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf
   from tests.test_memory_bill import eagle_dir
@@ -133,7 +135,8 @@ def test_a_head_at_its_own_weight_type_is_greedy_exact_and_labelled(tmp_path):
   """``--draft-weights int8/int4`` with a trained head over an fp32 target: its layer, ``fc``, ``fuse`` and head
   rows are quantized (int4 keeps the rows int8), decoding stays plain greedy's, the method is labelled with the
   head's type, and a head type on a drafter without a head, or an unknown type, is refused."""
-  from specjax import api, quant
+  from specjax import api
+  from specjax.models import quant
   from specjax.checkpoints import drafter_io
   from specjax.runtime import builder
   from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import kv_cache, model, sampling
+from specjax.models import kv_cache, decoder as model, sampling
 from specjax.checkpoints import drafter_io
 from specjax.errors import SpecjaxError
 from specjax.runtime import builder
-from specjax.speculative import NoDrafter, eagle, registry, tree_shapes
+from specjax.speculative import NoDrafter, eagle, registry
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape
 from specjax.speculative.eagle_parallel import ParallelEagleDrafter
 from specjax.training import eagle_train

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config, kv_cache, model, sampling
-from specjax.speculative import Engine, eagle, generate, tree_shapes
+from specjax.models import config, kv_cache, decoder as model, sampling
+from specjax.speculative import Engine, eagle, generate
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.training import evaluate
 
 CFG = config.TINY.replace(num_layers=2)

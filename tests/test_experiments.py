@@ -18,7 +18,7 @@ def test_default_candidates_are_distinct_valid_subsets():
 
 def test_tree_shape_specs_parse_with_the_budget():
   from experiments.tree_shapes import SHAPES, branch_widths, tree_spec
-  from specjax.speculative.tree_shapes import branching_num_nodes, parse_tree_spec
+  from specjax.speculative.trees.specs import branching_num_nodes, parse_tree_spec
   for n in (1, 2, 3, 4, 8, 16, 32, 33):
     assert 0 < branching_num_nodes(branch_widths(n)) <= n
     for shape in SHAPES:
@@ -33,7 +33,7 @@ def test_every_shipped_config_parses():
   """Each configs/*.gin binds only names its experiment or training recipe knows."""
   from pathlib import Path
 
-  from specjax import runner
+  from specjax.cli import runner
   configs = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.gin"))
   assert len(configs) >= 7
   for c in configs:

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from specjax import quant
+from specjax.models import quant
 from specjax.checkpoints import gguf_blocks, load_model
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
 

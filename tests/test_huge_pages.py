@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import config, kv_cache, model, quant
+from specjax.models import config, kv_cache, decoder as model, quant
 from specjax.runtime import huge_pages
 from specjax.runtime.loaded import default_exec_params
 

@@ -138,8 +138,8 @@ def test_attention_is_measured_at_load_and_followed(fresh, capfd):
 
 
 def _forward_text(cfg):
-  from specjax import config, model
-  from specjax.kv_cache import init_cache
+  from specjax.models import config, decoder as model
+  from specjax.models.kv_cache import init_cache
   params = model.init_params(config.TINY, jax.random.PRNGKey(0))
   tokens = jnp.ones((1, 1), jnp.int32)
   f = lambda p, t, c: model.forward(p, cfg, t, t, c).logits  # noqa: E731
@@ -151,7 +151,7 @@ def test_the_choice_is_made_once_at_load_and_rides_in_the_config(fresh, monkeypa
   the config, not the environment or the table at trace time; a mesh of several devices keeps the native
   kernels out, whatever the table says."""
   import types
-  from specjax import config
+  from specjax.models import config
   from specjax.kernels import cpu_attention, dispatch
   _store({"small": "native", "large": "native"})
   loaded = config.TINY.replace(backends=dispatch.resolve())

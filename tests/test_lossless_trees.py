@@ -14,11 +14,13 @@ are what ``lax.top_k`` fills the undrawn child slots with."""
 import jax
 import pytest
 
-from specjax import sampling
-from specjax.speculative import Engine, ModelDrafter, SpeculativeSampling, drafters, generate, tree as tree_lib
-from specjax.speculative import eagle, tree_shapes
+from specjax.models import sampling
+from specjax.speculative import Engine, ModelDrafter, SpeculativeSampling, drafters, generate
+from specjax.speculative.trees import device as tree_lib
+from specjax.speculative import eagle
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape
-from specjax import kv_cache
+from specjax.models import kv_cache
 from test_speculative import MICRO, MICRO_PROMPT, N_SAMPLES, _chi2_pvalue, _exact_joint, _micro_params
 
 import jax.numpy as jnp

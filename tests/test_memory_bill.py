@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specjax import api
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 from specjax.runtime import checks
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.speculative import engine as spec
@@ -65,7 +65,7 @@ def test_the_bill_is_the_bytes_allocated(files, drafter, dtype):
   assert (bill.draft_kv_per_seq > 0) == (drafter in ("layerskip", "model", "hybrid", "eagle", "eagle-parallel"))
   assert nbytes((state.seq_BxS, state.starts_BxS)) == B * bill.tokens_per_seq
   if drafter == "model":       # the bill from configs alone (`specjax cost`, the early checks) is the same
-    from specjax import memory
+    from specjax.measure import memory
     assert memory.kv_bill(m.cfg, S, K, dec.draft.cfg, dtype) == bill
   rest = nbytes(state) - nbytes((state.cache, state.draft, state.seq_BxS, state.starts_BxS))
   assert rest <= 0.02 * B * bill.per_seq, (rest, bill)       # per-sequence scalars and counters

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax import speculative
 from tests.reference import random_hf_weights, reference_logits
 

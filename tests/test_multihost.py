@@ -1,4 +1,4 @@
-"""Several processes as one program (specjax/distributed.py): two CPU processes of 2 devices each join through
+"""Several processes as one program (specjax/parallel/distributed.py): two CPU processes of 2 devices each join through
 jax.distributed (gloo collectives) and decode over a 2x2 mesh that spans both; process 0 reports the single
 device's tokens, alone on stdout."""
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specjax import distributed
+from specjax.parallel import distributed
 from specjax.errors import SpecjaxError
 
 

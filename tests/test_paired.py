@@ -3,7 +3,8 @@ honest when the machine slows down during part of a run, where running one metho
 import numpy as np
 import pytest
 
-from specjax import bench, paired
+from specjax.eval import bench
+from specjax.measure import paired
 
 
 def test_schedule_pairs_and_alternates():

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import ATTENTION_ENV, attention_path, tree_attention, tree_attention_reference
+from specjax.kernels.pallas import ATTENTION_ENV, attention_path, tree_attention_reference
+from specjax.kernels.pallas import tree_attention
 
 
 def tree_mask(rng, T):

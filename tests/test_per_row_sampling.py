@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import kv_cache, model, sampling, sampling_rows
-from specjax.speculative import Engine, ModelDrafter, SpeculativeSampling, generate, tree_shapes
+from specjax.models import kv_cache, decoder as model, sampling, sampling_rows
+from specjax.speculative import Engine, ModelDrafter, SpeculativeSampling, generate
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape
 from test_lossless_trees import SETTINGS, pair  # noqa: F401  (a fixture)
 from test_speculative import MICRO, MICRO_PROMPT, N_SAMPLES, _chi2_pvalue, _exact_joint, _micro_params

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specjax import config, kv_cache, model, quant, sampling
+from specjax.models import config, kv_cache, decoder as model, quant, sampling
 from specjax.errors import SpecjaxError
 from specjax.kernels import cpu_qmatmul, dispatch, native
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
@@ -245,7 +245,7 @@ def test_int4_sampling_is_lossless():
 
 
 def test_scales_are_sharded_with_their_weights(fp32_params):
-  from specjax import sharding
+  from specjax.parallel import sharding
 
   class FakeMesh:
     shape = {"data": 1, "model": 2}
@@ -291,7 +291,7 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nthe cat the cat\n")
-  from specjax import costmodel
+  from specjax.measure import costmodel
   device = tmp_path / "device.json"        # a made-up machine: the prediction's plumbing, not its numbers
   device.write_text(json.dumps(costmodel.DeviceSpec(
       "made-up", {"float32": 50e9}, 20e9, 8e9, floor_s=1e-4, overlap=0.0,

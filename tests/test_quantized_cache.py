@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import quant
+from specjax.models import quant
 from specjax.checkpoints import converted, load_model, quantized_cache
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
 

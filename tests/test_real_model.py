@@ -28,7 +28,7 @@ def smollm():
 
 
 def test_config_matches_preset(smollm):
-  from specjax.config import SMOLLM2_135M
+  from specjax.models.config import SMOLLM2_135M
   for field in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim",
                 "rope_theta", "tie_embeddings"):
     assert getattr(smollm.cfg, field) == getattr(SMOLLM2_135M, field), field

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import kv_cache, model, sampling
-from specjax.speculative import Engine, NoDrafter, generate, tree_shapes
+from specjax.models import kv_cache, decoder as model, sampling
+from specjax.speculative import Engine, NoDrafter, generate
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import NgramDrafter
 from specjax.speculative.engine import Record
 from tests import test_speculative as ts

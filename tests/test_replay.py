@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax.speculative import Engine, NgramDrafter, NoDrafter, generate
 from specjax.speculative.replay import replay_greedy
 

@@ -1,11 +1,11 @@
-"""Per-sequence sampling settings (specjax/sampling_rows.py) equal the static ones row by row, and a row's
+"""Per-sequence sampling settings (specjax/models/sampling_rows.py) equal the static ones row by row, and a row's
 draws depend on its own key only."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import sampling, sampling_rows
+from specjax.models import sampling, sampling_rows
 
 SETTINGS = [sampling.SamplingParams(), sampling.SamplingParams(temperature=1.0),
             sampling.SamplingParams(temperature=0.7, top_k=5), sampling.SamplingParams(temperature=1.3, top_p=0.6),

@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from specjax import api, sampling
+from specjax import api
+from specjax.models import sampling
 from specjax.serving import factory, server
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
 

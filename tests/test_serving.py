@@ -234,7 +234,8 @@ def test_goodput_prices_every_row_on_a_path_that_computes_them():
 
 
 def test_the_cost_model_prices_computed_rows_on_paths_that_do_not_skip_them():
-  from specjax import config, costmodel
+  from specjax.models import config
+  from specjax.measure import costmodel
   spec, cfg = costmodel.DEVICES["h200"], config.PRESETS["smollm2-135m"]
   rows, ctx = [5, 0, 0, 0, 1, 1, 1, 1], [300] * 8
   skipping = costmodel.ragged_step_time(spec, cfg, rows, ctx, "bfloat16")

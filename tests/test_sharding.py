@@ -1,4 +1,4 @@
-"""Decoding over a device mesh (specjax/sharding.py) on 8 host CPU devices, in a process of its own (the device
+"""Decoding over a device mesh (specjax/parallel/sharding.py) on 8 host CPU devices, in a process of its own (the device
 count is fixed when jax starts): every mesh gives the single device's tokens, greedy and sampled, chain and
 tree; the compiled sharded step has its all-reduces and gathers no weight matrix."""
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specjax import sharding
+from specjax.parallel import sharding
 from specjax.errors import SpecjaxError
 
 _EIGHT = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"   # 8 host devices
@@ -85,7 +85,7 @@ def test_mesh_spec_errors_are_clear():
 
 def test_rules_name_every_parameter_and_drop_axes_that_do_not_divide():
   import jax
-  from specjax import config, model
+  from specjax.models import config, decoder as model
   mesh = sharding.make_mesh("1x1")
   params = model.init_params(config.TINY, jax.random.PRNGKey(0))
   rows = sharding.describe(mesh, params)           # raises if a parameter has no rule

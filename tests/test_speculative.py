@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax.speculative import (Engine, ModelDrafter, NgramDrafter, NoDrafter,
                                  generate, layer_subset)
 from specjax.speculative.drafters import propose_chain
 from specjax.speculative.hybrid import HybridDrafter, _SyncingModel
-from specjax.speculative.tree import TreeAcceptance
+from specjax.speculative.trees.device import TreeAcceptance
 
 CFG = config.TINY.replace(num_layers=3)
 DRAFT_CFG = config.TINY.replace(name="tiny-draft", num_layers=1)
@@ -119,7 +119,7 @@ def test_hybrid_uses_both_sources_and_keeps_its_draft_cache_exact(target):
 
 
 def test_hybrid_refuses_trees():
-  from specjax.speculative import tree_shapes
+  from specjax.speculative.trees import specs as tree_shapes
   d = HybridDrafter(_SyncingModel(DRAFT_CFG), min_match=2)
   seq = jnp.zeros((1, 16), jnp.int32)
   with pytest.raises(ValueError, match="chains only"):

@@ -12,7 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from specjax import api, buffers, compile_cache
+from specjax import api
+from specjax.models import buffers
+from specjax.runtime import compile_cache
 from specjax.checkpoints import converted, gguf_loader, load_model
 from tests.compile_counter import count_compiles
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf

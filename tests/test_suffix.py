@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import sampling
-from specjax.speculative import NoDrafter, SpeculativeSampling, tree_shapes
+from specjax.models import sampling
+from specjax.speculative import NoDrafter, SpeculativeSampling
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape
 from specjax.speculative.suffix import SuffixDrafter, absorb, corpus_fill, empty_index
 from specjax.serving import batcher as bt
@@ -126,7 +127,7 @@ def test_generate_and_the_server_index_earlier_requests(tiny, plain_one):  # noq
 
 def test_bench_index_sees_earlier_batches_of_the_same_repeat_only():
   """bench.time_methods: a learning drafter's params for batch p hold batches 0..p-1 of the same repeat."""
-  from specjax import bench
+  from specjax.eval import bench
   from specjax.speculative import registry
   eng = type("E", (), {"drafter": SuffixDrafter()})()
   method = bench.Method("suffix", eng, empty_index(64), 3, {})
@@ -220,7 +221,8 @@ def test_the_server_index_stays_within_its_size_over_a_long_trace(tiny):  # noqa
 def test_index_tokens_sizes_the_index_in_generate_bench_and_the_server(tiny):  # noqa: F811
   """``index_tokens`` (``--index-tokens``) reaches the suffix index wherever one is built, and is refused for a
   drafter that keeps none."""
-  from specjax import api, bench
+  from specjax import api
+  from specjax.eval import bench
   from specjax.errors import SpecjaxError
   from specjax.runtime.builder import DecodeSpec, build
   from specjax.serving import factory

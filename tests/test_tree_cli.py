@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specjax.speculative.tree_shapes import load_acceptance_vector
+from specjax.speculative.trees.specs import load_acceptance_vector
 from tests.test_checkpoints import CFG, random_hf_params, write_gguf
 from tests.test_cli import assert_clean_error, specjax, specjax_here
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from specjax.errors import SpecjaxError
-from specjax.speculative import tree_shapes as ts
-from specjax.speculative.tree_shapes import StaticTree
+from specjax.speculative.trees import specs as ts
+from specjax.speculative.trees.specs import StaticTree
 
 ACCS = {
   "decreasing": [0.55, 0.2, 0.1, 0.05],

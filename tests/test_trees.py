@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax import config, kv_cache, model, sampling
+from specjax.models import config, kv_cache, decoder as model, sampling
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate, init_jit, layer_subset
 from specjax.speculative import step_jit
-from specjax.speculative import tree as tree_lib
-from specjax.speculative import tree_shapes
+from specjax.speculative.trees import device as tree_lib
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape
 from tests.compile_counter import count_compiles
 

@@ -5,7 +5,7 @@
   load_model("/path/hf_model_dir")     # a directory with config.json + *.safetensors + tokenizer.json
 """
 from specjax.checkpoints.gguf_loader import load_gguf, permute_qk_llamacpp, unpermute_qk_llamacpp
-from specjax.checkpoints.registry import (KNOWN_MODELS, LoadedModel, cache_dir, fetch, list_models,
+from specjax.checkpoints.catalog import (KNOWN_MODELS, LoadedModel, cache_dir, fetch, list_models,
                                           load_model, resolve)
 from specjax.checkpoints.safetensors_loader import load_hf_dir
 from specjax.checkpoints.tokenizer import Tokenizer

@@ -39,7 +39,7 @@ import numpy as np
 
 from specjax import settings
 from specjax.checkpoints.tokenizer import Tokenizer
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 from specjax.cache_location import cache_dir
 
 LAYOUT_VERSION = 1

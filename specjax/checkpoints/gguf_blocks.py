@@ -65,7 +65,7 @@ def take_over_int4(qparams: dict, src) -> tuple[dict, int, int]:
   """``qparams`` (a model quantized to int4 by ``quant.quantize_params``) with every layer matrix row block
   whose GGUF tensor is Q4_0, Q4_1 or Q4_K replaced by its blocks taken over exactly; ``src`` is the opened
   GGUF (``gguf_loader.open_gguf``).  Returns (params, tensors taken over, 4-bit-eligible tensors seen)."""
-  from specjax import quant
+  from specjax.models import quant
   from specjax.checkpoints.gguf_loader import PERMUTED_ARCHS, _qk_heads, placements, unpermute_qk_llamacpp
 
   layers = dict(qparams["layers"])

@@ -2,12 +2,12 @@
 
 Tensors are dequantized to float32 with ``gguf.dequantize`` (F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, the
 K-quants, ... whatever the installed ``gguf`` package handles) and then assembled with
-``specjax.model.params_from_hf_layout``.  After dequantization a GGUF matrix is a numpy array [out, in],
+``specjax.models.decoder.params_from_hf_layout``.  After dequantization a GGUF matrix is a numpy array [out, in],
 the Hugging Face orientation.
 
 llama.cpp's converter reorders the rows of the q and k projections of ``llama`` models, per head, from the
 rotate-half RoPE layout to the interleaved one; ``unpermute_qk_llamacpp`` restores the Hugging Face layout
-that ``specjax.model`` uses.  Other architectures (qwen2) are stored unpermuted.
+that ``specjax.models.decoder`` uses.  Other architectures (qwen2) are stored unpermuted.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.checkpoints.tokenizer import Tokenizer
-from specjax.config import ModelConfig, RopeScaling
+from specjax.models.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError
-from specjax.model import Params, rope_inv_freq
+from specjax.models.decoder import Params, rope_inv_freq
 
 GGUF_MAGIC = b"GGUF"
 
@@ -284,7 +284,7 @@ class Placement:
 
 def leaf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   """The canonical parameter leaves of ``cfg`` by dotted name ("embed", "layers.w_qkv", ...) and shape
-  (the layout of ``specjax.model.params_from_hf_layout``)."""
+  (the layout of ``specjax.models.decoder.params_from_hf_layout``)."""
   D, H, K, E, F, V, L = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
                          cfg.vocab_size, cfg.num_layers)
   shapes = {"embed": (V, D), "final_norm": (D,), "layers.attn_norm": (L, D),

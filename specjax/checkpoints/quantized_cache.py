@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from specjax import quant
+from specjax.models import quant
 from specjax.checkpoints import converted, gguf_blocks
 
 QUANT_VERSION = 2    # 2: int4 layer matrices taken over from GGUF 4-bit blocks (gguf_blocks.py)

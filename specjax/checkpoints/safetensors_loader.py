@@ -3,7 +3,7 @@
 Supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM.  Weights may be one
 ``model.safetensors`` or sharded (``model.safetensors.index.json`` maps tensor names to shard files; without
 an index every ``*.safetensors`` file in the directory is read).  Tensors are read with the ``safetensors``
-library's numpy framework and assembled by ``specjax.model.params_from_hf_layout``.
+library's numpy framework and assembled by ``specjax.models.decoder.params_from_hf_layout``.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.checkpoints.tokenizer import Tokenizer
-from specjax.config import ModelConfig, RopeScaling
+from specjax.models.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError
-from specjax.model import Params, params_from_hf_layout
+from specjax.models.decoder import Params, params_from_hf_layout
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 QKV_BIAS_ARCHITECTURES = ("Qwen2ForCausalLM",)

@@ -11,7 +11,8 @@ import argparse
 import sys
 
 from specjax import settings
-from specjax.cli import cache, common, decoding, experiments, flags, machine, serving
+from specjax.cli import cache, common, decoding, experiments, flags, serving
+from specjax.cli import costs as machine
 
 GROUPS = (decoding, experiments, machine, serving, cache)
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
   from specjax.errors import SpecjaxError
   try:
     if hasattr(args, "coordinator"):       # before anything touches a device
-      from specjax import distributed
+      from specjax.parallel import distributed
       distributed.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed,
                              log=common.log)
     return args.run(args)

@@ -23,7 +23,7 @@ def cmd_models(args) -> int:
   drafters = drafter_io.list_drafters()
 
   def human(rs):
-    from specjax.report import print_table
+    from specjax.eval.report import print_table
     print_table(rs, title="models")
     if drafters:
       print_table(drafters, title="trained drafters")
@@ -54,7 +54,7 @@ def cmd_cache(args) -> int:
           for part in parts]
 
   def human(rs):
-    from specjax.report import print_table
+    from specjax.eval.report import print_table
     print_table([{**r, "MB": round(r["bytes"] / 1e6, 1)} for r in rs], title=f"specjax cache: {root}")
   common.emit({"cache_dir": str(root), "parts": rows}, args.json, lambda o: human(rows))
   return 0

@@ -21,7 +21,7 @@ def drafters():
 
 
 def emit(obj: Any, as_json: bool, human) -> None:
-  from specjax import distributed
+  from specjax.parallel import distributed
   if not distributed.is_main():     # a multi-process run: process 0 reports for all
     return
   if as_json:
@@ -69,8 +69,8 @@ def add_mesh_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_process_flags(p: argparse.ArgumentParser) -> None:
-  """The multi-process flags of every command that takes --mesh (``specjax/distributed.py`` reads them)."""
-  from specjax import distributed as d
+  """The multi-process flags of every command that takes --mesh (``specjax/parallel/distributed.py`` reads them)."""
+  from specjax.parallel import distributed as d
   p.add_argument("--coordinator", default=None,
                  help=f"multi-process: HOST:PORT of process 0's coordinator (or ${d.ENV_COORDINATOR})")
   p.add_argument("--num-processes", type=flags.COUNT, default=None,
@@ -200,11 +200,12 @@ def serving_engine(args, m, max_len: int, **kwargs):
 
 
 def load_model(args):
-  from specjax import api, compile_cache
+  from specjax import api
+  from specjax.runtime import compile_cache
   if getattr(args, "no_compile_cache", False):
     compile_cache.enable(False)
   if getattr(args, "mesh", None):          # a mesh that cannot be made fails before the weights load
-    from specjax import sharding
+    from specjax.parallel import sharding
     sharding.make_mesh(args.mesh)
   dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
   weights = getattr(args, "weights", "auto")
@@ -220,7 +221,7 @@ def load_draft(args):
   from specjax.errors import SpecjaxError
   kind = drafters().get(args.drafter)
   if kind.draft_model and not args.draft:
-    from specjax.checkpoints import registry
+    from specjax.checkpoints import catalog as registry
     args.draft = registry.default_draft(args.model)
     if not args.draft:
       raise SpecjaxError(f"--drafter {args.drafter} needs --draft MODEL (a small model sharing the target's tokenizer); "
@@ -289,7 +290,7 @@ def check_drafter(args) -> None:
     from specjax.checkpoints import drafter_io
     drafter_io.read_config(draft)
   elif draft and kind.draft_model:          # so does a draft model path that does not exist
-    from specjax.checkpoints import registry
+    from specjax.checkpoints import catalog as registry
     if draft not in registry.KNOWN_MODELS:
       registry.resolve(draft)
   if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
@@ -306,14 +307,15 @@ def default_max_len(args) -> int:
 
 def executables() -> dict:
   """This process's XLA executables: compiled here, or read back from the persistent compilation cache."""
-  from specjax import compile_cache
+  from specjax.runtime import compile_cache
   c = compile_cache.counts()
   return {"executables_compiled": c["compiled"], "executables_from_cache": c["cache_hits"],
           "compile_cache_dir": str(compile_cache.directory() or "") or None}
 
 
 def model_config(name: str):
-  from specjax import api, config
+  from specjax import api
+  from specjax.models import config
   if name in config.PRESETS:
     return config.PRESETS[name]
   return api.load(name).cfg      # a file or directory: its config (the weights load too)

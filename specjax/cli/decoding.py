@@ -128,7 +128,7 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_bench(args) -> int:
-  from specjax import bench
+  from specjax.eval import bench
   from specjax.prompts import load_prompts
   common.check_drafter(args)
   prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
@@ -148,7 +148,7 @@ def cmd_bench(args) -> int:
                "runs code tasks' tests on them)")
 
   def human(r):
-    from specjax.report import print_table
+    from specjax.eval.report import print_table
     print_table([{k: v for k, v in r.items() if not isinstance(v, (dict, list))}], title="specjax bench")
     if "speedup_median" in r:
       lo, hi = r["speedup_ci95"]

@@ -94,21 +94,21 @@ def _read_completions(path: str) -> list[tuple[str, str, str]]:
 
 
 def cmd_run(args) -> int:
-  from specjax import runner
+  from specjax.cli import runner
   result, out_dir = runner.run_from_files(args.config, args.gin_binding, args.out, log=common.log)
-  from specjax.report import write_json_files
+  from specjax.eval.report import write_json_files
   write_json_files(result.get("files", {}), out_dir)
   if args.json:
     common.emit(result, True, None)
   else:
-    from specjax.report import print_table
+    from specjax.eval.report import print_table
     print_table(result["rows"], title=result.get("title", "results"))
     common.log(f"[specjax] results in {out_dir}")
   return 0
 
 
 def cmd_train(args) -> int:
-  from specjax import runner
+  from specjax.cli import runner
   summary = runner.train_from_files(args.config, args.gin_binding, args.run_dir, args.resume, args.mesh)
 
   def human(s):
@@ -158,7 +158,7 @@ def cmd_eval_draft(args) -> int:
 
 
 def cmd_eval_code(args) -> int:
-  from specjax import codeeval
+  from specjax.eval import codeeval
   from specjax.prompts import load_prompts
   tasks = load_prompts(args.prompts, None, args.limit)
   if not all(t.task_field("test") for t in tasks):

@@ -91,7 +91,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_serve_sim(args) -> int:
-  from specjax import buffers
+  from specjax.models import buffers
   from specjax.prompts import load_prompts
   from specjax.serving import batcher as bt, latency, trace as trace_lib
   common.check_drafter(args)
@@ -139,7 +139,7 @@ def cmd_serve_sim(args) -> int:
 
 
 def cmd_serve(args) -> int:
-  from specjax import sampling
+  from specjax.models import sampling
   from specjax.errors import SpecjaxError
   from specjax.serving import server
   common.check_drafter(args)

@@ -1,6 +1,6 @@
 """The compact weight formats the quantized kernels read (``QWeight``), and quantizing a matrix into one.
 
-The formats, the group sizes and why they were chosen: ``specjax/quant.py`` (the model-level policy lives
+The formats, the group sizes and why they were chosen: ``specjax/models/quant.py`` (the model-level policy lives
 there; this module is the kernels' data type, so it sits in the kernel layer).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ BLOCK = 32                   # int4 packing block (16 bytes per 32 columns)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QWeight:
-  """A quantized matrix [..., N, D] (``specjax/quant.py``'s docstring gives each kind's fields)."""
+  """A quantized matrix [..., N, D] (``specjax/models/quant.py``'s docstring gives each kind's fields)."""
   data: jax.Array
   scale: jax.Array | None
   kind: str = dataclasses.field(metadata=dict(static=True))

@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, cache_location, config, costmodel, decode, kv_cache, machine, model, provenance, quant
+from specjax import cache_location, machine
+from specjax.models import buffers, config, decode, kv_cache, decoder as model, quant
+from specjax.measure import costmodel, provenance
 from specjax.kernels import cpu_matmul, cpu_qmatmul, dispatch, native
 from specjax.measure import kernel_paths
 

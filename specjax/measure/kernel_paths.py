@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, machine, model, provenance, settings
+from specjax import machine, settings
+from specjax.models import buffers, decoder as model
+from specjax.measure import provenance
 from specjax.kernels import choices, cpu_attention, cpu_matmul, native
 
 CHAIN_BYTES = 64 << 20          # weights per measured chain: past the last-level cache (32 MB on an EPYC CCX)

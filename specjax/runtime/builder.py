@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import jax
 
-from specjax import buffers, model as model_lib, quant, sampling
+from specjax.models import buffers, decoder as model_lib, quant, sampling
 from specjax import speculative as spec
-from specjax.buffers import DEFAULT_MAX_LEN
+from specjax.models.buffers import DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
 from specjax.progress import say
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary
@@ -110,7 +110,7 @@ def check_index_tokens(kind: drafter_registry.Kind, index_tokens: int | None) ->
 def default_draft_model(m: Model) -> Model:
   """The registry's draft for the target ``m`` (loaded once, in the target's dtype and weight type, and kept
   with it)."""
-  from specjax.checkpoints import registry
+  from specjax.checkpoints import catalog as registry
   name = registry.default_draft(m.source)
   if name is None:
     raise SpecjaxError(f"drafter 'model' needs a draft model: pass --draft MODEL ('{m.source}' has no default "

@@ -8,7 +8,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from specjax import memory
+from specjax.measure import memory
 from specjax.errors import SpecjaxError
 from specjax.runtime.loaded import Model
 

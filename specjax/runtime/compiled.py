@@ -9,9 +9,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from specjax import buffers, sampling
+from specjax.models import buffers, sampling
 from specjax import speculative as spec
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 from specjax.progress import say
 from specjax.runtime.loaded import Model
 
@@ -33,7 +33,7 @@ def _signature(tree) -> tuple:
 def _sharded_jits(mesh, batch_size: int):
   """jit builders for the prefill and the decode loop on ``mesh`` with explicit out_shardings (from the
   abstract output: ``sharding.state_shardings``); inputs carry theirs as ShapeDtypeStruct shardings."""
-  from specjax import sharding
+  from specjax.parallel import sharding
 
   def init_fn(out_abs):
     return jax.jit(spec.init, static_argnames=("engine",), donate_argnames=("cache",),
@@ -57,7 +57,7 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
   or read back from the persistent compilation cache.  Returns (prefill_fn, loop_fn, seconds spent); call
   ``prefill_fn(m.prefill_params, ...)`` and ``loop_fn(m.exec_params, ...)``.
   """
-  from specjax import compile_cache
+  from specjax.runtime import compile_cache
 
   drafts = _signature(draft_params)       # one draft model at two weight types: two executables
   init_key = ("init", engine, batch_size, prompt_pad, max_len, drafts)
@@ -66,7 +66,7 @@ def compile_generate(m: Model, engine: spec.Engine, batch_size: int, prompt_pad:
     return m._compiled[init_key], m._compiled[loop_key], 0.0
   t0 = time.perf_counter()
   before = compile_cache.counts()
-  from specjax import sharding
+  from specjax.parallel import sharding
   cache = jax.eval_shape(lambda: init_cache(m.cfg, batch_size, max_len, m.dtype))
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
   if m.mesh is not None:            # the inputs' shardings are part of what is compiled
@@ -128,5 +128,5 @@ def device_inputs(m: Model, batch_size: int, max_len: int, *host_arrays):
   cache = init_cache(m.cfg, batch_size, max_len, m.dtype)
   if m.mesh is None:
     return cache, jax.device_put(host_arrays)
-  from specjax import sharding
+  from specjax.parallel import sharding
   return sharding.shard_cache(cache, m.mesh), tuple(sharding.shard_batch(x, m.mesh) for x in host_arrays)

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib, quant, settings
+from specjax import settings
+from specjax.models import decoder as model_lib, quant
 from specjax.checkpoints import LoadedModel, Tokenizer, load_model
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
 from specjax.kernels import dispatch
 from specjax.runtime import huge_pages
@@ -66,7 +67,7 @@ class Model:
 def on_mesh(m: Model, mesh) -> Model:
   """The model with its parameters sharded over ``mesh`` (a ``jax.sharding.Mesh`` or 'DATAxMODEL'), by
   ``sharding.RULES``; the decode loop then runs the stacked sharded parameters too (GSPMD partitions both)."""
-  from specjax import sharding
+  from specjax.parallel import sharding
   mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
   params = sharding.shard_params(m.params, mesh)
   cfg = m.cfg.replace(backends=dispatch.resolve(mesh))     # the native kernels step aside on several devices
@@ -123,7 +124,7 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model
   if quantize_to is not None and act != quant.compute_dtype():
     raise SpecjaxError(f"--weights {weights} runs with {quant.compute_dtype().name} activations on "
                        f"{jax.default_backend()}: drop --dtype {dtype} (or use auto)")
-  from specjax import compile_cache
+  from specjax.runtime import compile_cache
   from specjax.kernels import native
   from specjax.checkpoints import resolve
   t0 = time.perf_counter()

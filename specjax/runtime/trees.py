@@ -6,9 +6,10 @@ import dataclasses
 import os
 from typing import Any
 
-from specjax.buffers import DEFAULT_MAX_LEN
+from specjax.models.buffers import DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
-from specjax.speculative import registry as drafter_registry, tree_shapes
+from specjax.speculative import registry as drafter_registry
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import DynamicShape, shape_for
 
 

@@ -30,11 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, sampling_rows, sharding
+from specjax.models import sampling, sampling_rows
+from specjax.parallel import sharding
 from specjax import speculative as spec
-from specjax.buffers import pad_batch, prompt_bucket
+from specjax.models.buffers import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.serving import policies as pol
 from specjax.serving.latency import report

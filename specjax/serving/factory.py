@@ -6,7 +6,8 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-from specjax import costmodel, quant
+from specjax.measure import costmodel
+from specjax.models import quant
 from specjax.kernels import dispatch
 from specjax.speculative import registry as drafter_registry
 from specjax.serving import policies as pol

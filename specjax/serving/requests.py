@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specjax import sampling
+from specjax.models import sampling
 
 KNOWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                 "top_k", "seed", "stop", "stream", "stream_options", "n", "user", "logprobs", "top_logprobs",

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import speculative as spec
-from specjax.kv_cache import init_cache
+from specjax.models.kv_cache import init_cache
 
 
 def _insert(big, small, slot):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specjax.speculative.tree import TreeAcceptance, accept_greedy, accept_sampling
+from specjax.speculative.trees.device import TreeAcceptance, accept_greedy, accept_sampling
 
 
 @dataclasses.dataclass(frozen=True)

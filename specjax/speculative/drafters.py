@@ -30,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decode, model as model_lib, sampling, sampling_rows
-from specjax.config import ModelConfig
-from specjax.kv_cache import KVCache, cache_bytes, compact, init_cache
-from specjax.speculative import tree_shapes
-from specjax.speculative.tree import sample_children
+from specjax.models import decode, decoder as model_lib, sampling, sampling_rows
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache, cache_bytes, compact, init_cache
+from specjax.speculative.trees import specs as tree_shapes
+from specjax.speculative.trees.device import sample_children
 
 
 CACHE_DTYPE = jnp.float32     # drafters' own caches, whatever the target's dtype (memory.DRAFT_KV_BYTES bills it)

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import decode, model as model_lib, quant
-from specjax.config import ModelConfig
-from specjax.kv_cache import KVCache, init_cache
+from specjax.models import decode, decoder as model_lib, quant
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
 
 

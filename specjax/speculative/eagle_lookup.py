@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.speculative import tree_shapes
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import NgramDrafter
 from specjax.speculative.eagle import EagleDrafter, EagleState
 from specjax.speculative.hybrid import lookup_chain, pick_chain

@@ -31,7 +31,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax import decode, model as model_lib
+from specjax.models import decode, decoder as model_lib
 from specjax.speculative.drafters import NoDrafter
 from specjax.speculative.eagle import EagleDrafter, EagleState, input_proj, target_feature, to_target_vocab
 

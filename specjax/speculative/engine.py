@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import decode, model as model_lib, sampling, sampling_rows
-from specjax.kv_cache import KVCache, compact
-from specjax.speculative import tree as tree_lib
-from specjax.speculative import tree_shapes
+from specjax.models import decode, decoder as model_lib, sampling, sampling_rows
+from specjax.models.kv_cache import KVCache, compact
+from specjax.speculative.trees import device as tree_lib
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.acceptance import SpeculativeSampling, rule_for
 
 

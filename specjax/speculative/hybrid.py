@@ -26,9 +26,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax import decode
-from specjax.kv_cache import KVCache
-from specjax.speculative import tree_shapes
+from specjax.models import decode
+from specjax.models.kv_cache import KVCache
+from specjax.speculative.trees import specs as tree_shapes
 from specjax.speculative.drafters import Draft, ModelDrafter, NgramDrafter, _static_draft, _target_vocab
 
 

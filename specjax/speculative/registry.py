@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple, Sequence
 
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
 from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, suffix
 

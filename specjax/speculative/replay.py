@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
+from specjax.models import sampling
 from specjax.speculative.drafters import propose_chain
 
 

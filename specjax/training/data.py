@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import progress as progress_lib, quant
+from specjax import progress as progress_lib
+from specjax.models import quant
 from specjax.errors import SpecjaxError
 from specjax.training.jsonl import read_records
 
@@ -176,8 +177,9 @@ def compute_features(m, data_dir: str | Path, *, fused_layers: Sequence[int] | N
   """Stage 2: a teacher-forced target pass over every stored sequence; arrays in ``features/``.
 
   Written to ``features.tmp/`` and renamed when complete, so an existing ``features/`` is always whole."""
-  from specjax import distributed, model as model_lib, sharding
-  from specjax.kv_cache import init_cache
+  from specjax.parallel import distributed, sharding
+  from specjax.models import decoder as model_lib
+  from specjax.models.kv_cache import init_cache
   data_dir = Path(data_dir)
   mesh = getattr(m, "mesh", None)          # a sharded target: the pass runs over its mesh
   records = read_responses(data_dir / RESPONSES)

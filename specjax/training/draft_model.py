@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib
-from specjax.kv_cache import init_cache
+from specjax.models import decoder as model_lib
+from specjax.models.kv_cache import init_cache
 from specjax.training import losses
 
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib, quant
+from specjax.models import decoder as model_lib, quant
 from specjax.errors import SpecjaxError
 from specjax.speculative import eagle
 from specjax.training import losses

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import model as model_lib
-from specjax.kv_cache import init_cache
+from specjax.models import decoder as model_lib
+from specjax.models.kv_cache import init_cache
 from specjax.speculative import eagle
 from specjax.training import eagle_train
 
@@ -111,7 +111,8 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
     very sequences it produced, 1 − TVD per position (the prediction; position 1 is exact in expectation);
   * greedy, paired against plain decoding (``bench``): τ, acceptance per position, speedup.
   """
-  from specjax import api, bench
+  from specjax import api
+  from specjax.eval import bench
   from specjax.checkpoints import drafter_io
   ecfg, params, config = drafter_io.load_drafter(draft_path, m.cfg, m.params, m.tokenizer, m.source)
   log(f"[eval-draft] sampling at temperature {temperature} with {draft_path}")
@@ -139,7 +140,7 @@ def eval_draft(m, draft_path: str, prompts, *, k: int = 4, tree=None, max_new_to
           "sampling_iterations": st["iterations"],
           "sampling_mean_accepted_length": st["mean_accepted_length"]}
   if not speed:
-    from specjax import provenance
+    from specjax.measure import provenance
     return {**out, "machine": provenance.describe()}
   log("[eval-draft] greedy speed against plain decoding")
   b = bench.bench(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, drafter="eagle", draft=draft_path,

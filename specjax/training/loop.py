@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import compile_cache, distributed
+from specjax.runtime import compile_cache
+from specjax.parallel import distributed
 from specjax import progress as progress_lib
 from specjax.errors import SpecjaxError
 from specjax.training.checkpoint import Checkpointer

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import model as model_lib
+from specjax.models import decoder as model_lib
 from specjax.errors import SpecjaxError
 from specjax.kernels.qformat import is_quantized
 from specjax.speculative import eagle

@@ -212,7 +212,7 @@ def data_sharding(batch_size: int, mesh=None):
   or with no mesh and several devices over a one-axis data mesh of all of them (parameters replicated).  jit's
   SPMD partitioner turns the step data-parallel (gradients all-reduced).  None on one device, no mesh."""
   from jax.sharding import NamedSharding, PartitionSpec
-  from specjax import sharding
+  from specjax.parallel import sharding
   if mesh is None:
     if jax.device_count() == 1:
       return None
@@ -238,7 +238,7 @@ def _fit(loss_of, params0, frozen, store, feats, *, run_dir, resume: bool, finge
 
   ``mesh`` ('DATAxMODEL' or a jax Mesh): batches over "data", the trainable and frozen parameters (and so
   the optimizer state) placed by ``sharding.RULES`` over "model"; the same losses as one device."""
-  from specjax import sharding
+  from specjax.parallel import sharding
   from specjax.training import eagle_train, loop, optim
   from specjax.training.checkpoint import Checkpointer
 
@@ -396,8 +396,8 @@ def distill_losses(*, run_dir: str, resume: bool = False, model: str = "smollm2-
                  **{f"tvd_acc_{i + 1}": round(a, 4) for i, a in enumerate(ev["tvd_acceptance_by_position"])},
                  **{f"greedy_{i + 1}": round(a, 4) for i, a in enumerate(ev["greedy_match_by_position"])}})
     _log(f"{kind}: held-out 1 - TVD by position {ev['tvd_acceptance_by_position']}")
-  from specjax.report import write_csv
-  from specjax.report import make_plot
+  from specjax.eval.report import write_csv
+  from specjax.eval.report import make_plot
   write_csv(rows, run / "results.csv")
   long = [{"loss": r["loss"], "position": i + 1, "1 - TVD": r[f"tvd_acc_{i + 1}"]}
           for r in rows for i in range(eval_positions)]

@@ -10,9 +10,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax import model as model_lib
-from specjax.config import ModelConfig
-from specjax.kv_cache import KVCache
+from specjax.models import decoder as model_lib
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache
 
 # ----------------------------------------------------------------------------------------------------------
 # Reading only the live part of the cache

@@ -15,7 +15,7 @@ from typing import Callable
 
 import gin
 
-from specjax import report
+from specjax.eval import report
 from specjax.errors import ConfigError
 
 _CONFIGURABLE_RUN: Callable | None = None
@@ -94,7 +94,7 @@ def run_from_files(config_files: list[str], bindings: list[str], out: str | None
   out_dir.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   result = experiment(log=log)
-  from specjax import provenance
+  from specjax.measure import provenance
   result = {"experiment": name, "wall_s": time.perf_counter() - t0, "machine": provenance.describe(), **result}
   write_run(out_dir, result, gin.config_str())
   from experiments import PLOTTERS

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import sampling, sampling_rows
+from specjax.models import sampling, sampling_rows
 
 
 @struct.dataclass

@@ -1,6 +1,6 @@
 """Pallas kernels for specjax: tree attention over the layered KV cache (GPU via Triton, TPU via Mosaic,
 CPU in interpret mode), with its XLA reference and the attention-path dispatch rule."""
-from pallas_kernels.tree_attention import (
+from specjax.kernels.pallas.tree_attention import (
     ATTENTION_ENV,
     ATTENTION_PATHS,
     attention_path,

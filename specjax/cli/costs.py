@@ -58,12 +58,12 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_cost(args) -> int:
-  from specjax import costmodel, memory
+  from specjax.measure import costmodel, memory
   from specjax.measure import calibrate
   from specjax.errors import SpecjaxError
   cfg = common.model_config(args.model)
   if args.draft_model is None:
-    from specjax.checkpoints import registry
+    from specjax.checkpoints import catalog as registry
     args.draft_model = registry.default_draft(args.model)
   dcfg = common.model_config(args.draft_model) if args.draft_model and args.draft_model != "none" else None
   spec = calibrate.load_or_calibrate(args.device, log=common.log)
@@ -102,7 +102,7 @@ def cmd_cost(args) -> int:
     out["by_weights"] = [_weights_row(spec, cfg, dcfg, args, kind, mesh) for kind in args.weights]
 
   def human(o):
-    from specjax.report import print_table
+    from specjax.eval.report import print_table
     print_table(o["rows"], title=f"{o['model']} on {spec.name}" + (f" × {o['mesh']} mesh" if o["mesh"] != "1x1"
                                                                     else "") +
                 f": k={o['k']}, context {o['context']}, α={o['acceptance']}")
@@ -125,7 +125,7 @@ VERIFY_ROWS = (1, 2, 4, 8, 16, 32)
 def _weights_row(spec, cfg, dcfg, args, kind: str, mesh) -> dict:
   """One weight type's predictions: the bytes, the verify cost for 1..32 rows at batch 1, the speedup at batch
   1 and the crossover batch (the draft at ``--draft-weights`` or the same type)."""
-  from specjax import costmodel, memory
+  from specjax.measure import costmodel, memory
   t = lambda T: costmodel.step_time(spec, cfg, 1, T, args.context, args.dtype, mesh=mesh, weights=kind)
   dw = args.draft_weights or kind
   return {"weights": kind, "weight_gb": memory.weight_bytes(cfg, costmodel.DTYPE_BYTES[args.dtype], kind) / 1e9,

@@ -6,7 +6,7 @@ implementation can beat on this machine; ``roofline_fraction`` is how close a me
 bandwidth is probed before and after the decode runs (both reported).
 
 Every method (plain decoding, each drafter setting) decodes each prompt back to back with the others, the
-order rotated from prompt to prompt (``specjax.paired``), so a slowdown of the shared machine lands on both
+order rotated from prompt to prompt (``specjax.measure.paired``), so a slowdown of the shared machine lands on both
 sides of each prompt's speedup; ``repeats`` runs the whole interleaved set again for a median and a spread.
 """
 from __future__ import annotations
@@ -20,16 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import buffers, decode, distributed, provenance
-from specjax import paired as paired_lib
+from specjax.models import buffers, decode
+from specjax.parallel import distributed
+from specjax.measure import provenance
+from specjax.measure import paired as paired_lib
 from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, check_memory, compile_generate,
                          device_inputs, encode_prompts, on_mesh, resolve_tree, spec_metrics)
 from specjax.errors import SpecjaxError
-from specjax.kv_cache import cache_bytes
+from specjax.models.kv_cache import cache_bytes
 from specjax.measure import calibrate
 from specjax.prompts import Prompt
 from specjax.runtime.builder import DecodeSpec, build
-from specjax.speculative import registry as drafter_registry, tree_shapes
+from specjax.speculative import registry as drafter_registry
+from specjax.speculative.trees import specs as tree_shapes
 
 
 def kv_bytes_per_token(m: Model) -> int:

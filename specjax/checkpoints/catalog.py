@@ -18,15 +18,15 @@ import jax
 import jax.numpy as jnp
 
 from specjax.cache_location import cache_dir
-from specjax import quant
+from specjax.models import quant
 from specjax.checkpoints import converted, download, quantized_cache
 from specjax.checkpoints.download import WheelPart
 from specjax.checkpoints.gguf_loader import load_gguf, open_gguf
 from specjax.checkpoints.safetensors_loader import load_hf_dir
 from specjax.checkpoints.tokenizer import Tokenizer
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 from specjax.errors import CheckpointError, ModelNotFoundError
-from specjax.model import Params
+from specjax.models.decoder import Params
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from specjax.config import ModelConfig
-from specjax import costmodel
-from specjax.costmodel import DTYPE_BYTES, MeshShape
+from specjax.models.config import ModelConfig
+from specjax.measure import costmodel
+from specjax.measure.costmodel import DTYPE_BYTES, MeshShape
 from specjax.errors import SpecjaxError
 
 

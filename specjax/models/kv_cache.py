@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.config import ModelConfig
+from specjax.models.config import ModelConfig
 
 
 @struct.dataclass

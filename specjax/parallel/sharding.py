@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from specjax import quant
+from specjax.models import quant
 from specjax.errors import SpecjaxError
 
 AXES = ("data", "model")
@@ -191,7 +191,7 @@ def current() -> Mesh | None:
 
 
 def attention_per_shard(kernel, mesh: Mesh, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
-  """``kernel`` (same signature, e.g. ``pallas_kernels.tree_attention``) on each device's shard of
+  """``kernel`` (same signature, e.g. ``specjax.kernels.pallas.tree_attention``) on each device's shard of
   ``mesh``: sequences over "data", query heads and KV heads over "model" (query head h reads KV head
   h // G, so the model axis splitting both H and K keeps each group on one device).  An axis that does not
   divide B (or H and K) is left whole on that dimension: correct, just less split."""

@@ -11,8 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax import sampling_rows
-from specjax.model import MASK_VALUE
+from specjax.models import sampling_rows
+from specjax.models.decoder import MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)

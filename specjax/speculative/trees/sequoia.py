@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from specjax.errors import SpecjaxError
-from specjax.speculative.static_tree import Path, StaticTree, from_paths, is_number, read_json, require_int
+from specjax.speculative.trees.static import Path, StaticTree, from_paths, is_number, read_json, require_int
 
 _SUM_TOL = 1e-6               # slack on sum(acc) <= 1 for rounded JSON
 _TIE_TOL = 1e-12              # DP ties within this go to the better-ranked child

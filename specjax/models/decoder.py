@@ -28,11 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import pallas_kernels
-from specjax.config import ModelConfig
+from specjax.kernels import pallas as pallas_kernels
+from specjax.models.config import ModelConfig
 from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, dispatch
-from specjax import quant, sharding
-from specjax.kv_cache import KVCache
+from specjax.models import quant
+from specjax.parallel import sharding
+from specjax.models.kv_cache import KVCache
 
 Params = dict[str, Any]
 

@@ -6,7 +6,7 @@ speedup.  Here each prompt is decoded by every method in turn (the order rotated
 so no method always goes first), and the speedup is computed per prompt from runs seconds apart: a drift
 slower than one prompt's runs cancels in each ratio.
 
-Pure functions over numpy arrays; ``specjax.bench`` does the decoding.
+Pure functions over numpy arrays; ``specjax.eval.bench`` does the decoding.
 """
 from __future__ import annotations
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from specjax import quant
-from specjax.config import ModelConfig
-from specjax.devices import DEVICES, DTYPE_BYTES, DeviceSpec, device_spec, load_spec
+from specjax.models import quant
+from specjax.models.config import ModelConfig
+from specjax.measure.devices import DEVICES, DTYPE_BYTES, DeviceSpec, device_spec, load_spec
 from specjax.errors import SpecjaxError
 
 __all__ = ["DEVICES", "DTYPE_BYTES", "DeviceSpec", "device_spec", "load_spec", "MeshShape", "StepCost",
@@ -64,7 +64,7 @@ class MeshShape:
     if isinstance(mesh, cls):
       return mesh
     if isinstance(mesh, str):
-      from specjax.sharding import parse_mesh
+      from specjax.parallel.sharding import parse_mesh
       return cls(*parse_mesh(mesh))
     if hasattr(mesh, "shape") and isinstance(mesh.shape, dict):
       return cls(int(mesh.shape.get("data", 1)), int(mesh.shape.get("model", 1)))

@@ -14,10 +14,10 @@ import dataclasses
 import re
 
 from specjax.errors import SpecjaxError
-from specjax.speculative.sequoia import (acceptance_tuple, choose_budget, expected_accepted,
+from specjax.speculative.trees.sequoia import (acceptance_tuple, choose_budget, expected_accepted,
                                          load_acceptance_vector, predicted_tau, sequoia, sequoia_with_value,
                                          validate_acceptance)
-from specjax.speculative.static_tree import (Path, StaticTree, branching, branching_num_nodes, chain,
+from specjax.speculative.trees.static import (Path, StaticTree, branching, branching_num_nodes, chain,
                                              from_paths, is_chain, load_paths)
 
 __all__ = ["DYNAMIC_DEFAULT_DEPTH", "DYNAMIC_DEFAULT_TOPK", "Path", "StaticTree", "TreeSpec", "acceptance_tuple",
