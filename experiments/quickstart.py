@@ -14,7 +14,7 @@ def quickstart(model: str = "smollm2-135m", prompts: str = "specjax-prompts", ca
   """Greedy chat replies to ``per_category`` prompts of each category: plain decoding and each drafter on
   the same prompts in the same run, interleaved prompt by prompt (τ, α, speedup with its median and
   interval); plus the replies themselves.  ``mesh`` ('DATAxMODEL'): everything sharded over that many
-  devices (docs/MULTI_DEVICE.md)."""
+  devices (docs/guides/multi-device.md)."""
   chosen = pick_prompts(prompts, categories, per_category)
   m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, dtype=dtype, draft=draft, mesh=mesh, log=log)
   eos = tuple(m.tokenizer.eos_token_ids)

@@ -22,6 +22,7 @@ import jax
 import specjax
 from specjax import machine
 from specjax.prompts import load_prompts
+from specjax.speculative import registry as drafter_registry
 
 
 def first_difference(a, b) -> int:
@@ -54,8 +55,9 @@ def main():
   runs += [("ngram", dict(tree=t)) for t in trees]
   results = []
   for drafter, how in runs:
+    self_draft = drafter_registry.get(drafter).draft_model     # a draft-model kind drafts with the target itself
     outs, stats = specjax.generate(m, prompts, max_new_tokens=args.max_new_tokens, drafter=drafter,
-                                   draft_layers=args.draft_layers, draft=m if drafter == "model" else None, **how)
+                                   draft_layers=args.draft_layers, draft=m if self_draft else None, **how)
     diffs = {i: first_difference(a.token_ids, b.token_ids) for i, (a, b) in enumerate(zip(outs, base))
              if a.token_ids != b.token_ids}
     results.append({"drafter": drafter, **how, "prompts": len(prompts), "identical": len(prompts) - len(diffs),

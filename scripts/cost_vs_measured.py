@@ -24,6 +24,7 @@ def predictions(bench: dict, device=None, draft_model: str | None = None, log=pr
   from specjax.measure import memory
   from specjax.measure import calibrate
   from specjax.checkpoints import catalog as registry
+  from specjax.speculative import registry as drafter_registry
   cfg = config.PRESETS.get(bench["model"])
   if cfg is None:
     raise SystemExit(f"{bench['model']}: only registry models with a preset config are supported here")
@@ -33,7 +34,8 @@ def predictions(bench: dict, device=None, draft_model: str | None = None, log=pr
   from experiments.coder_pair import cost_model_speedup
   rows = []
   for r in methods:
-    dname = draft_model or (registry.default_draft(bench["model"]) if r["drafter"] == "model" else None)
+    kind = drafter_registry.get(r["drafter"])
+    dname = draft_model or (registry.default_draft(bench["model"]) if kind.draft_model else None)
     pred = cost_model_speedup(spec, cfg, r, context, bench.get("dtype", "float32"),
                               config.PRESETS.get(dname) if dname else None)
     rows.append({"method": r.get("method", f"{r['drafter']} {r.get('tree') or 'chain:' + str(r['k'])}"),

@@ -23,7 +23,7 @@ HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the
 
 
 def wrap_code_stub(stub: str) -> str:
-  """The user message for a HumanEval-style function stub (documented in the README)."""
+  """The user message for a HumanEval-style function stub (documented in docs/guides/coder-pair-and-models.md)."""
   return HUMANEVAL_INSTRUCTION.format(stub=stub if stub.endswith("\n") else stub + "\n")
 
 

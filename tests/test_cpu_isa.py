@@ -122,8 +122,8 @@ def test_an_attention_row_has_the_same_bits_whatever_else_is_computed(isa, resto
 
 
 def test_specjax_cpu_isa_forces_a_path_at_load():
-  """The environment variable (README) in a fresh process: the kernels load on the forced path; a name that
-  is no path is refused with the names that are."""
+  """The environment variable (docs/guides/cpu-kernels.md) in a fresh process: the kernels load on the forced
+  path; a name that is no path is refused with the names that are."""
   import os
   import subprocess
   import sys

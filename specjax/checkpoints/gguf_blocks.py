@@ -13,7 +13,7 @@ with no rounding at all:
 Every product here is exact in fp32 (an fp16 times a 6-bit and a 4-bit integer), so ``QWeight.dequantize``
 equals ``gguf.dequantize`` bit for bit (tests/test_gguf_blocks.py).  Requantizing the dequantized values
 instead reproduces a Q4_K group only where it uses its lowest and highest level: 78.8% of the
-Qwen2.5-Coder-1.5B's groups (``scripts/int4_takeover_check.py``).
+Qwen2.5-Coder-1.5B's groups (``scripts/probes/int4_takeover_check.py``).
 """
 from __future__ import annotations
 

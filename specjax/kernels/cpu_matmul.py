@@ -38,7 +38,7 @@ def matmul_t_reference(x_MxD: jax.Array, w_NxD: jax.Array, live=None, group: int
   matrix-vector kernel on every CPU measured, and on an Intel Xeon with AVX-512 BF16 and AMX (family 6
   model 167) two rows against three or more — and after rounding to bf16 the difference flips greedy
   argmaxes: plain decoding at batch 1 (one row) and its speculative verification (k + 1 rows) then disagree
-  (docs/BENCHMARKS.md, "Greedy exactness on every path").  From 4 rows on, every row count measured (up to
+  (docs/benchmarks-log.md, "Greedy exactness on every path").  From 4 rows on, every row count measured (up to
   80) gives a row the same bits on both machines; and XLA:CPU's bf16 matrix-vector kernel is several times
   slower than the GEMM anyway.  fp32 keeps the one-row kernel: there it is the faster one, and its
   differences (~1e-7 relative) have flipped no token in the measured runs."""

@@ -313,7 +313,7 @@ SPECJAX_TARGET_AVX512 void RowsAvx512(const QTask& t, int64_t n) {
 // too), so each load of x serves several of them; the rest one by one.  (Same bits either way: see Tile512.)
 // Measured on Zen 4 (min of 30 calls, one row): groups of 4 cut w_down [1536, 8960] from 1.38 to 0.54 ms
 // (bf16), 0.79 to 0.38 (int8), 0.64 to 0.34 (int4), and slowed [17920, 1536] by 10-60%.
-// On an Intel Xeon (family 6 model 167, AVX-512, 2 cores; python scripts/bench_qmatmul.py, the 1.5B's 112
+// On an Intel Xeon (family 6 model 167, AVX-512, 2 cores; python scripts/probes/bench_qmatmul.py, the 1.5B's 112
 // layer matrices at one row) three changes took int8 from 97 to 70 ms and int4 from 76 to 53 ms: software
 // prefetch of the weight rows and of the group values' streams (int8 14 -> 20, int4 22 -> 26 G weights/s on
 // w_gate_up), int4 nibbles turned into floats by a table lookup (vpermps) instead of two operations and a

@@ -11,7 +11,7 @@ bf16 on accelerators); only the weights shrink.
 
 Groups run along the input (G = 64 for int8, 32 for int4 by default; 32 or 64 either way).  int8 is
 symmetric, ``amax(group) / 127``; int4 is asymmetric, the group's [min, max] in 16 steps (offset = min).
-Measured on SmolLM2-135M (perplexity on ``experiments/weights.TEXT`` against fp32; docs/BENCHMARKS.md):
+Measured on SmolLM2-135M (perplexity on ``experiments/weights.TEXT`` against fp32; docs/benchmarks-log.md):
 int8 per output row +1.6%, per group of 64 −0.4%; int4 symmetric per group of 32 +9% to +24% (with or
 without a searched clipping scale), asymmetric −0.5%: SmolLM2's GGUF is itself Q4_1 (4-bit asymmetric groups
 of 32), which asymmetric int4 represents exactly and symmetric cannot.  int4 packs each block of 32 columns
@@ -19,7 +19,7 @@ into 16 bytes: byte j holds column j in its low nibble and column j + 16 in its 
 onto which Q4_0, Q4_1 and Q4_K blocks map exactly: a GGUF model loaded at int4 takes those layer matrices
 over from their blocks, bit for bit the file's values (``checkpoints/gguf_blocks.py``); everything else is
 requantized from its fp32 values, which is exact only where a group uses its lowest and highest level: for
-the 1.5B's Q4_K tensors 78.8% of the groups, ``scripts/int4_takeover_check.py``).  Where a group does not
+the 1.5B's Q4_K tensors 78.8% of the groups, ``scripts/probes/int4_takeover_check.py``).  Where a group does not
 divide a matrix's input size, groups of 32 are used, and where 32 does not either, the matrix stays bf16
 (said once on stderr).
 

@@ -5,7 +5,7 @@ step streams its weights through 4 KB pages of the page cache: one TLB walk per 
 the stream's speed.  Copied into anonymous memory that the kernel backs with 2 MB pages
 (``madvise(MADV_HUGEPAGE)``, which transparent huge pages honour in their default ``madvise`` mode), the same
 weights decode a little faster: measured on a 2-core Zen 4, Qwen2.5-Coder-1.5B, paired
-(``scripts/huge_pages_ab.py``), +1.7% to +7.7% in fp32 and +1.3% to +4.6% at int4 (docs/BENCHMARKS.md,
+(``scripts/probes/huge_pages_ab.py``), +1.7% to +7.7% in fp32 and +1.3% to +4.6% at int4 (docs/benchmarks-log.md,
 "Quantized weights").
 
 Opt-in (``SPECJAX_HUGE_PAGES=1``, read by ``runtime/loaded.default_exec_params``): the copy costs time at load

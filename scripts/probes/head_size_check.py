@@ -1,6 +1,6 @@
 """How large should a feature drafter's reduced head be?  Coverage against cost, measured.
 
-  python scripts/head_size_check.py DATA_DIR [--model qwen2.5-coder-1.5b] [--sizes 8192 16384 32768 0] [--json]
+  python scripts/probes/head_size_check.py DATA_DIR [--model qwen2.5-coder-1.5b] [--sizes 8192 16384 32768 0] [--json]
 
 A reduced head keeps the Vr target tokens most frequent on the training data; a draft can never propose a
 token outside them, so (under greedy decoding) the share of the target's next tokens inside the set bounds the

@@ -1,6 +1,6 @@
 """Would Intel AMX tiles speed up the int4 matmul at one row?  A self-contained probe (tried, not adopted).
 
-  python scripts/amx_int4_probe.py [N D ...]      # default: the 1.5B's w_qkv, w_gate_up and w_down shapes
+  python scripts/probes/amx_int4_probe.py [N D ...]      # default: the 1.5B's w_qkv, w_gate_up and w_down shapes
 
 Compiles and runs a C++ probe (needs a C++ compiler, Linux, and a CPU with AMX-TILE + AMX-INT8, i.e. an Intel
 Xeon from Sapphire Rapids on; elsewhere it says so and exits).  One thread, one row of x, random int4 weights
@@ -14,7 +14,7 @@ separates four blocks (each with its own scale) and four limbs in one TDPBUSD, w
 row are then scaled and summed in fp32.  Per 16 weight rows x 128 columns: 4 tile loads, 2 TDPBUSD, 1 tile
 store, and ~150 vector micro-ops (the masked copy, the scales, the limb factors).
 
-It prints the probe's G weights/s, and the cost of the tile operations alone; docs/BENCHMARKS.md ("Quantized
+It prints the probe's G weights/s, and the cost of the tile operations alone; docs/benchmarks-log.md ("Quantized
 weights": AMX) sets them beside the AVX-512 kernel's.  Measured on an Intel Xeon family 6 model 207: the tile
 operations alone took ~80% of the probe's time, and a full path built on this design came out level with the
 AVX-512 kernel at one row, so the kernels do not use AMX.

@@ -1,6 +1,6 @@
 """Peak memory and time of converting a registry model, and the time of the load after it.
 
-  python scripts/measure_conversion.py qwen2.5-coder-1.5b [--dtype float32] [--json]
+  python scripts/probes/measure_conversion.py qwen2.5-coder-1.5b [--dtype float32] [--json]
 
 The model's file must be cached already (`specjax models`); it is linked into a fresh temporary cache, so the
 conversion starts from nothing and the real cache is not touched. Each load runs in its own process (`python
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD = ("import sys, time; t = time.perf_counter(); from specjax import api; "
          "m = api.load(sys.argv[1], dtype=sys.argv[2]); "
          "print(f'{time.perf_counter() - t:.3f} {m.load_s:.3f} {m.weight_bytes}')")

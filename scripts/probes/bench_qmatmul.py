@@ -2,7 +2,7 @@
 Qwen2.5-Coder-1.5B: 28 layers of w_qkv, wo, w_gate_up, w_down, 1.31 G weights), random, in each weight type,
 timed as one chain of native kernel calls for M = 1, 2, 4, 8 rows of x.
 
-  python scripts/bench_qmatmul.py [--kinds fp32,bf16,int8,int4] [--rows 1,2,4,8] [--layers 28] [--json]
+  python scripts/probes/bench_qmatmul.py [--kinds fp32,bf16,int8,int4] [--rows 1,2,4,8] [--layers 28] [--json]
 
 Prints ms per pass, G weights/s and GB/s of weight bytes read, and each type's ratio over fp32 at one row:
 the ceiling that plain decoding at that type can reach over fp32 on this machine (the rest of a step —

@@ -1,7 +1,7 @@
 """The suffix drafter's device lookup alone: milliseconds per propose for an index of C token slots (filled with
 random 400-token documents), rows of 1,024 positions, a chain of 8, at batch 1 and 4.
 
-  python scripts/suffix_lookup_cost.py [--slots 65536]
+  python scripts/probes/suffix_lookup_cost.py [--slots 65536]
 """
 import argparse
 import time

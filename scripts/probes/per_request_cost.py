@@ -2,7 +2,7 @@
 same requests decoded by a batcher whose (greedy) setting is compiled in, by a per-request batcher with greedy
 requests, and by a per-request batcher with a mix of settings.
 
-  python scripts/per_request_cost.py [--model smollm2-135m] [--requests 16] [--max-tokens 64]
+  python scripts/probes/per_request_cost.py [--model smollm2-135m] [--requests 16] [--max-tokens 64]
       [--modes fixed,greedy,temperature,mixed]
 
 Modes: ``fixed`` greedy compiled in; ``greedy`` per-request, all greedy; ``temperature`` ½ greedy, ½ T 0.7;

@@ -1,11 +1,11 @@
 """Time to first token at each weight type: prefill of one prompt plus one new token, per weight type.
 
-  python scripts/prefill_by_weights.py [--model smollm2-135m] [--kinds fp32,bf16,int8,int4] [--repeat 12]
+  python scripts/probes/prefill_by_weights.py [--model smollm2-135m] [--kinds fp32,bf16,int8,int4] [--repeat 12]
                                        [--runs 5]
 
 The prompt is a fixed English sentence repeated ``--repeat`` times (12: ~210 tokens). Each type is loaded
 in turn, warmed up once (compiles), then timed ``--runs`` times with ``api.generate(..., max_new_tokens=1)``.
-It prints the minimum and median seconds. docs/BENCHMARKS.md ("Quantized weights", the Intel model 207
+It prints the minimum and median seconds. docs/benchmarks-log.md ("Quantized weights", the Intel model 207
 section) used it to choose dispatch.QUANT_NATIVE_MAX_TOKENS: a prefill block of a quantized model goes to
 XLA's dot, and decode and verification stay on the native kernel.
 """

@@ -1,6 +1,6 @@
 """Decode speed with the weights in 2 MB pages (SPECJAX_HUGE_PAGES=1) against the memory-mapped weights, paired.
 
-  python scripts/huge_pages_ab.py [--model qwen2.5-coder-1.5b] [--weights int4] [--tokens 256] [--pairs 8]
+  python scripts/probes/huge_pages_ab.py [--model qwen2.5-coder-1.5b] [--weights int4] [--tokens 256] [--pairs 8]
 
 Loads the model twice in one process — as it loads by default, and with SPECJAX_HUGE_PAGES=1 (runtime/huge_pages.py)
 — then times ``api.generate`` of the same prompt (greedy, EOS ignored; the prompt's prefill included) with

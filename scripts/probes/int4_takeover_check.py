@@ -1,7 +1,7 @@
 """Requantizing a GGUF model against taking its blocks over: how much of each quantized tensor does specjax's
 requantization (``quant.quantize`` of the dequantized fp32 values) reproduce exactly?
 
-  python scripts/int4_takeover_check.py MODEL_OR_GGUF [--json]
+  python scripts/probes/int4_takeover_check.py MODEL_OR_GGUF [--json]
 
 For every 4-bit tensor (Q4_0, Q4_1, Q4_K) the int4 format (asymmetric groups of 32 in Q4_1's byte layout)
 could take the blocks over exactly: each group of 32 is ``scale * q + offset`` with q in 0..15.  specjax

@@ -1,13 +1,13 @@
 """The arithmetic ceiling of the AVX-512 int4 kernel on this CPU, measured in registers (no memory traffic).
 
-  python scripts/widen_throughput.py
+  python scripts/probes/widen_throughput.py
 
 Compiles and runs a small C++ loop (needs a C++ compiler and AVX-512F): 512-bit multiply-adds a second on
 one core, and the int4 path's work per 16 weights a second (shift + ``vpermps`` table lookup + multiply-add,
 as ``cpu_qmatmul.cc``'s Nibble512) beside the alternative tried and dropped (mask + unsigned conversion +
 multiply-add).  Ten independent chains each, so latency does not bound them.  Times two cores and sixteen
 weights per operation gives the G weights/s a one-row int4 matmul could reach if nothing but that arithmetic
-cost anything; docs/BENCHMARKS.md ("Quantized weights") sets it beside the kernel's measured rates.
+cost anything; docs/benchmarks-log.md ("Quantized weights") sets it beside the kernel's measured rates.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ against qwix's weight-only ``dot_general`` on the same weights: is Google's quan
 than the layer written here, on this machine?
 
   pip install qwix            # not a specjax dependency: this script is the measurement behind not using it
-  python scripts/compare_qwix.py [--rows 1,4] [--json]
+  python scripts/probes/compare_qwix.py [--rows 1,4] [--json]
 
 Per weight type (int8: symmetric groups of 64; int4: asymmetric groups of 32 for specjax, symmetric groups of
 32 for qwix, whose zero point is not offered for int4 weights in its dot path) on the 1.5B's w_gate_up
