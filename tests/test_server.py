@@ -266,3 +266,26 @@ def test_loadgen_counts_a_server_that_is_not_there_as_failed():
   from specjax.serving import loadgen
   rep = loadgen.run(f"http://127.0.0.1:{_free_port()}", [{"arrival": 0.0, "prompt": "hi", "max_tokens": 4}])
   assert rep["served"] == 0 and rep["failed"] == 1 and "Connect" in rep["errors"][0]
+
+
+def test_openapi_names_the_request_models():
+  """The POST bodies are parsed by hand (for OpenAI-style 400s), yet /openapi.json describes them: each route's
+  request body refers to its pydantic model, whose fields carry their types and ranges."""
+  import types
+  worker = types.SimpleNamespace(batcher=types.SimpleNamespace(eos_ids=[0]))
+  app = server.create_app(worker, None, "tiny", sampling.SamplingParams(), 32)
+  doc = app.openapi()
+  schemas = doc["components"]["schemas"]
+  for path, required in (("/v1/chat/completions", "messages"), ("/v1/completions", "prompt")):
+    body = doc["paths"][path]["post"]["requestBody"]
+    ref = body["content"]["application/json"]["schema"]["$ref"]
+    model = schemas[ref.rsplit("/", 1)[-1]]
+    fields = model["properties"]
+    assert {required, "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "logprobs",
+            "stream_options"} <= set(fields), (path, sorted(fields))
+    assert model["required"] == [required] and model["additionalProperties"] is False
+    assert {"type": "number", "minimum": 0.0, "maximum": 2.0} in fields["temperature"]["anyOf"]
+    assert {"type": "integer", "minimum": 1} in fields["max_tokens"]["anyOf"]
+  msgs = schemas["ChatCompletionRequest"]["properties"]["messages"]
+  assert msgs["minItems"] == 1 and msgs["items"]["$ref"].endswith("/ChatMessage")
+  assert set(schemas["ChatMessage"]["required"]) == {"role", "content"}
