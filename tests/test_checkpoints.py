@@ -20,7 +20,7 @@ import tokenizers
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
-from specjax.models import decoder as M
+from specjax.models import decoder as M, rope
 from specjax.checkpoints import LoadedModel, Tokenizer, load_gguf, load_hf_dir, load_model, permute_qk_llamacpp, resolve, unpermute_qk_llamacpp
 from specjax.checkpoints import catalog as registry
 from specjax.checkpoints import download, gguf_loader
@@ -297,7 +297,7 @@ def test_gguf_rope_freqs_become_llama3_scaling(tmp_path):
   assert ((factors > 1) & (factors < 8)).sum() == 2   # the smooth region is exercised
   cfg, params, _ = load_gguf(write_gguf(tmp_path / "l3.gguf", cfg0, hf, rope_freqs=factors))
   assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == pytest.approx(8.0)
-  np.testing.assert_allclose(M.rope_inv_freq(cfg), M.rope_inv_freq(cfg0), rtol=1e-5)
+  np.testing.assert_allclose(rope.rope_inv_freq(cfg), rope.rope_inv_freq(cfg0), rtol=1e-5)
   np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
                              rtol=1e-4, atol=1e-4)
 
@@ -312,10 +312,10 @@ def test_rope_scaling_from_freq_factors(head_dim, theta, scaling):
                     head_dim=head_dim, ffn_dim=1, rope_theta=theta, rope_scaling=scaling)
   factors = llama3_freq_factors(cfg, scaling).astype(np.float32)
   got = gguf_loader.rope_scaling_from_freq_factors(factors, head_dim, theta)
-  np.testing.assert_allclose(M.rope_inv_freq(cfg.replace(rope_scaling=got)), M.rope_inv_freq(cfg), rtol=1e-4)
+  np.testing.assert_allclose(rope.rope_inv_freq(cfg.replace(rope_scaling=got)), rope.rope_inv_freq(cfg), rtol=1e-4)
   exact = gguf_loader.rope_scaling_from_freq_factors(factors, head_dim, theta,
                                                      scaling.original_max_position_embeddings)
-  np.testing.assert_allclose(M.rope_inv_freq(cfg.replace(rope_scaling=exact)), M.rope_inv_freq(cfg),
+  np.testing.assert_allclose(rope.rope_inv_freq(cfg.replace(rope_scaling=exact)), rope.rope_inv_freq(cfg),
                              rtol=1e-4)
   if head_dim == 128:
     assert exact == scaling

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.models import config, kv_cache, decoder as model, sampling
+from specjax.models import attention, config, kv_cache, decoder as model, sampling
 from specjax import speculative
 from tests.reference import random_hf_weights, reference_logits
 
@@ -197,8 +197,8 @@ def test_attend_equals_reference(T, H, K):
   q = jnp.asarray(rng.standard_normal((B, T, H, E)), jnp.float32)
   k = jnp.asarray(rng.standard_normal((B, S, K, E)), jnp.float32)
   v = jnp.asarray(rng.standard_normal((B, S, K, E)), jnp.float32)
-  mask = model.attention_mask(jnp.array([7, 30]), T, S, None)
-  np.testing.assert_allclose(model.attend(q, k, v, mask), model.attend_reference(q, k, v, mask),
+  mask = attention.attention_mask(jnp.array([7, 30]), T, S, None)
+  np.testing.assert_allclose(attention.attend(q, k, v, mask), attention.attend_reference(q, k, v, mask),
                              rtol=1e-5, atol=1e-5)
 
 
@@ -227,8 +227,8 @@ def test_xla_attention_gives_a_query_row_the_same_bits_whatever_the_row_count():
   v = jnp.asarray(r.standard_normal((B, S, K, E)), jnp.float32)
   q = jnp.asarray(r.standard_normal((B, 8, H, E)), jnp.float32)
   mask = jnp.arange(S)[None, None, :] < S - 30 + jnp.arange(8)[None, :, None]
-  f = jax.jit(model.attend)
+  f = jax.jit(attention.attend)
   one = np.asarray(f(q[:, :1], k, v, mask[:, :1]))[:, 0]
   for T in (2, 5, 8):
     np.testing.assert_array_equal(np.asarray(f(q[:, :T], k, v, mask[:, :T]))[:, 0], one, err_msg=f"T={T}")
-  np.testing.assert_allclose(f(q, k, v, mask), model.attend_reference(q, k, v, mask), atol=2e-6)
+  np.testing.assert_allclose(f(q, k, v, mask), attention.attend_reference(q, k, v, mask), atol=2e-6)

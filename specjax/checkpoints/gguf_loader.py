@@ -23,7 +23,8 @@ import numpy as np
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError
-from specjax.models.decoder import Params, rope_inv_freq
+from specjax.models.decoder import Params
+from specjax.models.rope import rope_inv_freq
 
 GGUF_MAGIC = b"GGUF"
 

@@ -18,7 +18,7 @@
                     cache, unsharded, built, measured (or forced) faster   cpu_attention.attend_cache_reference
             pallas  the platform path is "pallas" (GPU, TPU) and T <= PALLAS_MAX_ROWS
                                                                            tree_attention_reference
-            xla     otherwise (prefill-sized blocks, other dtypes): the windowed ``model.attend``
+            xla     otherwise (prefill-sized blocks, other dtypes): the windowed ``attention.attend``
 
 The platform path: "native" on the CPU, "pallas" on GPU and TPU, "xla" elsewhere; ``SPECJAX_ATTENTION``
 forces one.  The measured part is read from the stored table (``choices.py``), never measured here.

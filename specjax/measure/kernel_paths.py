@@ -5,7 +5,7 @@ What is measured is a dependent chain of ``x · wᵀ`` over ≥ 64 MB of weights
 drafted tokens), scored by their sum: one path serves a weight matrix at every row count.  Native wins ties
 within 3% (it also skips dead rows).  The attention kernel is measured the same way: a chain of layers'
 attention of one and of five new rows at a short and a long context, native against XLA's windowed
-``model.attend`` (what a forward runs without it).  Before them, the thread count for the native kernels.
+``attention.attend`` (what a forward runs without it).  Before them, the thread count for the native kernels.
 
 ``ensure()`` measures what the stored table (``specjax.kernels.choices``) lacks and saves it; ``api.load``
 calls it before anything is traced, so no measurement ever starts inside a trace.
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import machine, settings
-from specjax.models import buffers, decoder as model
+from specjax.models import attention, buffers, decoder as model
 from specjax.measure import provenance
 from specjax.kernels import choices, cpu_attention, cpu_matmul, native
 
@@ -120,7 +120,7 @@ def measure_attention() -> dict:
           o = cpu_attention.attend_cache_native(q, k, v, layer, lengths, mask)
         else:
           visible = cpu_attention.visible_slots(lengths, mask, window)
-          o = model.attend(q, k[layer, :, :window], v[layer, :, :window], visible)
+          o = attention.attend(q, k[layer, :, :window], v[layer, :, :window], visible)
         return q + 1e-3 * jnp.tanh(o)
       return jax.lax.fori_loop(0, L, one_layer, q)
     chains[key] = jax.jit(run)

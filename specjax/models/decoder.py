@@ -34,11 +34,11 @@ from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, dispatch
 from specjax.models import quant
 from specjax.parallel import sharding
 from specjax.models.kv_cache import KVCache
+from specjax.models import attention
+from specjax.models.attention import MASK_VALUE
+from specjax.models.rope import apply_rope, rope_tables
 
 Params = dict[str, Any]
-
-# A large finite negative instead of -inf, so a fully masked row never becomes NaN.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 class ForwardOutput(NamedTuple):
@@ -188,122 +188,49 @@ def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
   return (x * scale_D.astype(jnp.float32)).astype(x_BxTxD.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies [E/2], with Llama-3 frequency scaling when the config asks for it."""
-  E = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, E, 2, dtype=np.float64) / E))
-  s = cfg.rope_scaling
-  if s is not None:
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * np.pi / inv
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * inv / s.factor + smooth * inv
-    inv = np.where(wavelen > low_wavelen, inv / s.factor,
-                   np.where(wavelen < high_wavelen, inv, smoothed))
-  return inv.astype(np.float32)
-
-
-def rope_tables(cfg: ModelConfig, positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """cos, sin [B, T, E/2] for the given positions."""
-  angles = positions_BxT.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg))
-  return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x_BxTxNxE: jax.Array, cos_BxTxR: jax.Array, sin_BxTxR: jax.Array) -> jax.Array:
-  x = x_BxTxNxE.astype(jnp.float32)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  cos, sin = cos_BxTxR[:, :, None, :], sin_BxTxR[:, :, None, :]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BxTxNxE.dtype)
-
-
-def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.Array | None,
-                   region_mask_BxTxU: jax.Array | None = None) -> jax.Array:
-  """Which cache slots each new query may see: [B, T, S] bool.
-
-  Slot j is visible to query t of sequence b when it is committed context (j < lengths[b]) or it is a slot
-  lengths[b] + u of the region after it that ``region_mask[b, t, u]`` allows.  Without a region mask the
-  region is this call's T new slots, causal (u <= t), further restricted by ``extra_mask`` when given.
-  """
-  return cpu_attention.visible_slots(lengths_B, region_mask(lengths_B.shape[0], T, extra_mask_BxTxT,
-                                                            region_mask_BxTxU), S)
-
-
-def region_mask(B: int, T: int, extra_mask_BxTxT=None, region_mask_BxTxU=None) -> jax.Array:
-  """The visibility of the slots after the committed ones: the region mask itself, else causal over the T
-  new slots (and'ed with ``extra_mask``)."""
-  if region_mask_BxTxU is not None:
-    return region_mask_BxTxU
-  causal = cpu_attention.causal_mask(B, T)
-  return causal if extra_mask_BxTxT is None else causal & extra_mask_BxTxT
-
-
-def attend_reference(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
-                     mask_BxTxS: jax.Array) -> jax.Array:
-  """Grouped-query attention written the obvious way (the reference for ``attend``). Returns [B, T, H, E]."""
-  B, T, H, E = q_BxTxHxE.shape
-  K = k_BxSxKxE.shape[2]
-  q = q_BxTxHxE.reshape(B, T, K, H // K, E)
-  scores = jnp.einsum("btkge,bske->bkgts", q, k_BxSxKxE,
-                      preferred_element_type=jnp.float32) / math.sqrt(E)
-  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.einsum("bkgts,bske->btkge", probs.astype(v_BxSxKxE.dtype), v_BxSxKxE,
-                   preferred_element_type=jnp.float32)
-  return out.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
-
-
-# XLA:CPU multiplies a product of few rows with other blockings than one of many, so the same query row
-# summed differently in a one-row plain step and a k + 1-row verification (fp32 and bf16; measured: the T*H
-# rows of 1..4 queries differ from 8's, 8 to 64 agree).  The queries are padded to at least this many rows.
-ATTEND_MIN_ROWS = 64
-
-
-def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
-           mask_BxTxS: jax.Array) -> jax.Array:
-  """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E].
-
-  Reads k and v in the cache's own row layout [B, S, K*E]: each query head is placed in its kv head's block
-  of a block-diagonal [T*H, K*E] matrix, so both products are plain batched matmuls with no transposed copy
-  of the cache (K times the attention arithmetic, which is negligible for decode-sized T; XLA:CPU otherwise
-  spends more time transposing the window than attending).  Same result as ``attend_reference``.
-  """
-  B, T, H, E = q_BxTxHxE.shape
-  Tp = max(T, -(-ATTEND_MIN_ROWS // H))
-  if Tp > T:       # padding query rows (they see no slot and are dropped): every T takes the same kernel
-    q_BxTxHxE = jnp.pad(q_BxTxHxE, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
-    mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, Tp - T), (0, 0)))
-    return attend(q_BxTxHxE, k_BxSxKxE, v_BxSxKxE, mask_BxTxS)[:, :T]
-  S, K = k_BxSxKxE.shape[1], k_BxSxKxE.shape[2]
-  G = H // K
-  dt = k_BxSxKxE.dtype
-  eye_KxK = jnp.eye(K, dtype=dt)
-  q_blocks = (q_BxTxHxE.astype(dt).reshape(B, T, K, G, 1, E) * eye_KxK.reshape(1, 1, K, 1, K, 1))
-  q_BxNxC = q_blocks.reshape(B, T * H, K * E)                                   # N = T*H, C = K*E
-  scores = jnp.einsum("bnc,bsc->bns", q_BxNxC, k_BxSxKxE.reshape(B, S, K * E),
-                      preferred_element_type=jnp.float32) / math.sqrt(E)
-  scores = jnp.where(mask_BxTxS[:, :, None, :], scores.reshape(B, T, H, S), MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).reshape(B, T * H, S)
-  o = jnp.einsum("bns,bsc->bnc", probs.astype(dt), v_BxSxKxE.reshape(B, S, K * E),
-                 preferred_element_type=jnp.float32)
-  o = jnp.einsum("btkgje,kj->btkge", o.reshape(B, T, K, G, K, E), eye_KxK.astype(o.dtype))
-  return o.reshape(B, T, H, E).astype(q_BxTxHxE.dtype)
-
-
-def _write_slots(buf_LxBxSxKxE, layer, new_BxTxKxE, lengths_B, offsets_BxT=None):
-  """Write T new entries per sequence at slots lengths[b] + offsets[b, t] (default t; out-of-range writes are
-  dropped)."""
-  B, T = new_BxTxKxE.shape[:2]
-  b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-  offsets = jnp.arange(T)[None, :] if offsets_BxT is None else offsets_BxT
-  s_idx = lengths_B[:, None] + offsets
-  return buf_LxBxSxKxE.at[layer, b_idx, s_idx].set(new_BxTxKxE.astype(buf_LxBxSxKxE.dtype), mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The forward
+
+
+class ForwardOptions(NamedTuple):
+  """The optional per-call inputs of ``forward``: its keyword arguments, same names, same meanings.
+
+  extra_mask_BxTxT: extra visibility among the new tokens (True = may attend), and'ed with causal.
+  region_mask_BxTxU: instead of causal & extra, the visibility of the U slots lengths[b] + u after the
+    committed ones (a token tree: the ancestors of each new node, written earlier or in this call).
+  slots_BxT: where the new entries go, as offsets u from lengths[b] (default t); with a region mask a drafter
+    extending a tree writes each frontier node at its node's slot.
+  kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T, or + U with a
+    region mask); ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
+  kv_buckets: static window sizes; each layer's attention reads the smallest one covering max(lengths) + T (a
+    ``lax.switch``: every bucket compiled once, chosen by data), so a step at a short context does not pay
+    for the empty end of a long buffer and nothing recompiles as sequences grow.
+  live_T: traced count ≤ T, or one count per sequence [B]: only each sequence's first live_T new tokens
+    matter (a verification whose later draft slots are empty this step; 0 for a finished sequence).  The
+    native CPU kernels skip the others, so the step costs what live_T tokens cost; their logits are zero (XLA
+    paths compute and zero them) and their KV entries, written past the committed length, are garbage that
+    later steps overwrite.
+  head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last prompt
+    position): logits and hidden are then [B, 1, ...]; or at J indices per sequence ([B, J]: a parallel
+    drafter's draft rows), [B, J, ...].
+  feature_layers: static; also return ``features`` [B, T, F] for every new token (before ``head_index_B``
+    picks one): ``()`` = the final hidden state (after the final norm, F = D: EAGLE's feature); layer indices
+    = the residual stream after each of those layers, concatenated (F = D x count: EAGLE-3's fused low,
+    middle and high features).
+  inputs_embeds_BxTxD: the first layer's input instead of the tokens' embeddings (a feature drafter's
+    projection of [embedding; feature]); ``tokens_BxT`` then only gives the shape.
+  """
+  extra_mask_BxTxT: jax.Array | None = None
+  region_mask_BxTxU: jax.Array | None = None
+  slots_BxT: jax.Array | None = None
+  kv_window: int | None = None
+  kv_buckets: tuple[int, ...] | None = None
+  live_T: jax.Array | None = None
+  head_index_B: jax.Array | None = None
+  feature_layers: tuple[int, ...] | None = None
+  inputs_embeds_BxTxD: jax.Array | None = None
 
 
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
@@ -315,119 +242,185 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
             inputs_embeds_BxTxD: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
-  Args:
-    tokens_BxT: token ids.
-    positions_BxT: RoPE positions of the new tokens (usually lengths[b] + t; tree nodes use their depth).
-    cache: the KV cache; the new entries are written at slots lengths[b] + t.
-    extra_mask_BxTxT: optional extra visibility among the new tokens (True = may attend), and'ed with causal.
-    region_mask_BxTxU: instead of causal & extra, the visibility of the U slots lengths[b] + u after the
-      committed ones (a token tree: the ancestors of each new node, written earlier or in this call).
-    slots_BxT: where the new entries go, as offsets u from lengths[b] (default t); with a region mask a
-      drafter extending a tree writes each frontier node at its node's slot.
-    kv_window: static number of leading cache slots attention reads (must cover max(lengths) + T, or + U with a region mask);
-      ``None`` reads the whole buffer.  Lets a caller skip empty slots at the end of the buffer.
-    kv_buckets: static window sizes; each layer's attention reads the smallest one covering
-      max(lengths) + T (a ``lax.switch``: every bucket compiled once, chosen by data), so a step at a short
-      context does not pay for the empty end of a long buffer and nothing recompiles as sequences grow.
-    head_index_B: compute logits only at this new-token index per sequence (prefill wants just the last
-      prompt position): logits and hidden are then [B, 1, ...]; or at J indices per sequence ([B, J]: a
-      parallel drafter's draft rows), [B, J, ...].
-    live_T: optional traced count ≤ T, or one count per sequence [B]: only each sequence's first live_T new
-      tokens matter (a verification whose later draft slots are empty this step; 0 for a finished sequence).  The native CPU kernels skip the others, so the step
-      costs what live_T tokens cost; their logits are zero (XLA paths compute and zero them) and their KV
-      entries, written past the committed length, are garbage that later steps overwrite.
-    feature_layers: static; also return ``features`` [B, T, F] for every new token (before ``head_index_B``
-      picks one): ``()`` = the final hidden state (after the final norm, F = D: EAGLE's feature); layer
-      indices = the residual stream after each of those layers, concatenated (F = D x count: EAGLE-3's
-      fused low, middle and high features).
-    inputs_embeds_BxTxD: the first layer's input instead of the tokens' embeddings (a feature drafter's
-      projection of [embedding; feature]); ``tokens_BxT`` then only gives the shape.
-  Returns:
-    ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T, features or None).
+  ``tokens_BxT``: token ids; ``positions_BxT``: their RoPE positions (usually lengths[b] + t; tree nodes use
+  their depth); ``cache``: the KV cache, the new entries written at slots lengths[b] + t.  The optional
+  keywords are ``ForwardOptions``' fields (documented there).
+  Returns ForwardOutput(logits [B,T,V] fp32, hidden [B,T,D], cache with lengths += T, features or None).
   """
+  opts = ForwardOptions(extra_mask_BxTxT=extra_mask_BxTxT, region_mask_BxTxU=region_mask_BxTxU,
+                        slots_BxT=slots_BxT, kv_window=kv_window, kv_buckets=kv_buckets, live_T=live_T,
+                        head_index_B=head_index_B, feature_layers=feature_layers,
+                        inputs_embeds_BxTxD=inputs_embeds_BxTxD)
   B, T = tokens_BxT.shape
-  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  S = cache.max_len
-  W = S if kv_window is None else min(int(kv_window), S)
+  taps = _checked_taps(cfg, feature_layers)
   dtype = quant.activation_dtype(params)
-  lengths = cache.lengths
+  x_BxTxD = _embed(params, tokens_BxT, inputs_embeds_BxTxD, dtype)
+  ctx = _layer_context(cfg, B, T, positions_BxT, cache, opts, dtype)
+  (x_BxTxD, k_all, v_all), tapped = _run_layers(params, ctx, (x_BxTxD, cache.k, cache.v), taps)
+  features = _features(params, cfg, x_BxTxD, tapped, feature_layers)
+  hidden_BxJxD, logits_BxJxV = _final_head(params, ctx, x_BxTxD, head_index_B)
+  return ForwardOutput(logits_BxJxV, hidden_BxJxD, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T),
+                       features)
 
-  if inputs_embeds_BxTxD is None:
-    x_BxTxD = quant.embed_rows(params["embed"], tokens_BxT, dtype)
-  else:
-    x_BxTxD = inputs_embeds_BxTxD.astype(dtype)
-  cos, sin = rope_tables(cfg, positions_BxT)
-  # Mask over the window: new slots are written in the region lengths..lengths+U-1 (< W by the caller's contract).
-  region_BxTxU = region_mask(B, T, extra_mask_BxTxT, region_mask_BxTxU)
-  U = region_BxTxU.shape[2]
-  mask_BxTxW = cpu_attention.visible_slots(lengths, region_BxTxU, W)
-  windows = sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
-  bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths) + U).astype(jnp.int32)
 
-  backends = backends_of(cfg)
-  path = dispatch.attention(backends, T, dtype, cache.k.dtype)
+class _LayerContext(NamedTuple):
+  """What every layer of one ``forward`` call shares (built once, before the layers, by ``_layer_context``)."""
+  cfg: ModelConfig
+  backends: dispatch.Backends
+  dtype: Any                    # the activation dtype
+  B: int
+  T: int
+  lengths_B: jax.Array          # the committed lengths before this call
+  cos_BxTxR: jax.Array          # RoPE tables of the new tokens' positions (R = E/2)
+  sin_BxTxR: jax.Array
+  region_BxTxU: jax.Array       # visibility of the slots after the committed ones
+  mask_BxTxW: jax.Array         # visibility of the W window slots (XLA attention)
+  windows: list[int]            # the KV window buckets, ascending; the last is W
+  bucket: jax.Array             # int32 index into ``windows``: the smallest covering max(lengths) + U
+  attention_path: str           # "native", "pallas" or "xla" (``dispatch.attention``)
+  live_T: jax.Array | None
+  slots_BxT: jax.Array | None
 
-  def attend_layer(q, k_all, v_all, layer):
-    # Both kernels read each sequence's live slots straight from the buffer: no window needed.
-    if path == "native":
-      return cpu_attention.attend_cache_native(q, k_all, v_all, layer, lengths, region_BxTxU, live_T)
-    if path == "pallas":
-      if backends.distributed:   # a custom call GSPMD cannot split: each device runs it on its shard
-        return sharding.attention_per_shard(pallas_kernels.tree_attention, backends.mesh, q, k_all, v_all,
-                                            layer, lengths, region_BxTxU)
-      return pallas_kernels.tree_attention(q, k_all, v_all, layer, lengths, region_BxTxU)
 
-    def over(w):
-      return lambda q, k_all, v_all: attend(q, k_all[layer, :, :w].astype(dtype),
-                                            v_all[layer, :, :w].astype(dtype), mask_BxTxW[:, :, :w])
-    if len(windows) == 1:
-      return over(W)(q, k_all, v_all)
-    return jax.lax.switch(bucket, [over(w) for w in windows], q, k_all, v_all)
-
-  def layer_fn(carry, layer_in):
-    x_BxTxD, k_all, v_all = carry
-    lp, layer = layer_in
-    h = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
-    qkv = linear(h, lp["w_qkv"], live_T, backends)
-    if cfg.qkv_bias:
-      qkv = qkv + lp["b_qkv"]
-    q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
-    q = apply_rope(q.reshape(B, T, H, E), cos, sin)
-    k = apply_rope(k.reshape(B, T, K, E), cos, sin)
-    v = v.reshape(B, T, K, E)
-    k_all = _write_slots(k_all, layer, k, lengths, slots_BxT)
-    v_all = _write_slots(v_all, layer, v, lengths, slots_BxT)
-    o = attend_layer(q, k_all, v_all, layer)
-    x_BxTxD = x_BxTxD + linear(o.reshape(B, T, H * E), lp["wo"], live_T, backends)
-    h = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
-    gate, up = jnp.split(linear(h, lp["w_gate_up"], live_T, backends), 2, axis=-1)
-    x_BxTxD = x_BxTxD + linear(jax.nn.silu(gate) * up, lp["w_down"], live_T, backends)
-    return (x_BxTxD, k_all, v_all), x_BxTxD if taps else None
-
+def _checked_taps(cfg: ModelConfig, feature_layers: tuple[int, ...] | None) -> tuple[int, ...]:
+  """The layer indices whose outputs ``forward`` keeps (``()`` without ``feature_layers`` or with ``()``)."""
   taps = tuple(feature_layers or ())
   if any(not 0 <= i < cfg.num_layers for i in taps):
     raise ValueError(f"feature_layers {taps} outside the model's {cfg.num_layers} layers")
-  carry = (x_BxTxD, cache.k, cache.v)
-  if isinstance(params["layers"], (list, tuple)):   # unstacked layout (see unstack_layers)
+  return taps
+
+
+def _embed(params: Params, tokens_BxT: jax.Array, inputs_embeds_BxTxD: jax.Array | None, dtype) -> jax.Array:
+  """The first layer's input [B, T, D]: the tokens' embeddings, or the given inputs."""
+  if inputs_embeds_BxTxD is None:
+    return quant.embed_rows(params["embed"], tokens_BxT, dtype)
+  return inputs_embeds_BxTxD.astype(dtype)
+
+
+def _kv_windows(S: int, kv_window: int | None, kv_buckets: tuple[int, ...] | None) -> list[int]:
+  """The window sizes attention may read, ascending, each ≤ W (the last, ``kv_window`` capped at S)."""
+  W = S if kv_window is None else min(int(kv_window), S)
+  return sorted({min(int(b), W) for b in kv_buckets} | {W}) if kv_buckets else [W]
+
+
+def _layer_context(cfg: ModelConfig, B: int, T: int, positions_BxT: jax.Array, cache: KVCache,
+                   opts: ForwardOptions, dtype) -> _LayerContext:
+  """The RoPE tables, the masks, the window bucket and the attention backend of one call."""
+  lengths_B = cache.lengths
+  windows = _kv_windows(cache.max_len, opts.kv_window, opts.kv_buckets)
+  cos_BxTxR, sin_BxTxR = rope_tables(cfg, positions_BxT)
+  # Mask over the window: new slots are written in the region lengths..lengths+U-1 (< W by the caller's contract).
+  region_BxTxU = attention.region_mask(B, T, opts.extra_mask_BxTxT, opts.region_mask_BxTxU)
+  U = region_BxTxU.shape[2]
+  mask_BxTxW = cpu_attention.visible_slots(lengths_B, region_BxTxU, windows[-1])
+  bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths_B) + U).astype(jnp.int32)
+  backends = backends_of(cfg)
+  path = dispatch.attention(backends, T, dtype, cache.k.dtype)
+  return _LayerContext(cfg=cfg, backends=backends, dtype=dtype, B=B, T=T, lengths_B=lengths_B,
+                       cos_BxTxR=cos_BxTxR, sin_BxTxR=sin_BxTxR, region_BxTxU=region_BxTxU,
+                       mask_BxTxW=mask_BxTxW, windows=windows, bucket=bucket, attention_path=path,
+                       live_T=opts.live_T, slots_BxT=opts.slots_BxT)
+
+
+def _attend_cache(ctx: _LayerContext, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer) -> jax.Array:
+  """One layer's attention of the new queries over the cache (already holding their k, v) on the call's
+  backend: the native CPU kernel, Pallas tree attention, or XLA over the window bucket.  [B, T, H, E]."""
+  # Both kernels read each sequence's live slots straight from the buffer: no window needed.
+  if ctx.attention_path == "native":
+    return cpu_attention.attend_cache_native(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer,
+                                             ctx.lengths_B, ctx.region_BxTxU, ctx.live_T)
+  if ctx.attention_path == "pallas":
+    if ctx.backends.distributed:   # a custom call GSPMD cannot split: each device runs it on its shard
+      return sharding.attention_per_shard(pallas_kernels.tree_attention, ctx.backends.mesh, q_BxTxHxE,
+                                          k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer, ctx.lengths_B,
+                                          ctx.region_BxTxU)
+    return pallas_kernels.tree_attention(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer, ctx.lengths_B,
+                                         ctx.region_BxTxU)
+
+  def over(w):
+    return lambda q, k_all, v_all: attention.attend(q, k_all[layer, :, :w].astype(ctx.dtype),
+                                          v_all[layer, :, :w].astype(ctx.dtype), ctx.mask_BxTxW[:, :, :w])
+  if len(ctx.windows) == 1:
+    return over(ctx.windows[0])(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE)
+  return jax.lax.switch(ctx.bucket, [over(w) for w in ctx.windows], q_BxTxHxE, k_all_LxBxSxKxE,
+                        v_all_LxBxSxKxE)
+
+
+def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array):
+  """The attention norm, the fused q/k/v projection (+ bias) and RoPE on q and k: q [B,T,H,E], k, v [B,T,K,E]."""
+  cfg = ctx.cfg
+  B, T, H, K, E = ctx.B, ctx.T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  h_BxTxD = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
+  qkv = linear(h_BxTxD, lp["w_qkv"], ctx.live_T, ctx.backends)
+  if cfg.qkv_bias:
+    qkv = qkv + lp["b_qkv"]
+  q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
+  q_BxTxHxE = apply_rope(q.reshape(B, T, H, E), ctx.cos_BxTxR, ctx.sin_BxTxR)
+  k_BxTxKxE = apply_rope(k.reshape(B, T, K, E), ctx.cos_BxTxR, ctx.sin_BxTxR)
+  return q_BxTxHxE, k_BxTxKxE, v.reshape(B, T, K, E)
+
+
+def _attention_block(ctx: _LayerContext, lp: Params, x_BxTxD, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer):
+  """One layer's attention with its residual: q/k/v, the new k, v written into the cache, attention, the
+  output projection.  Returns (x [B,T,D], k_all, v_all)."""
+  q_BxTxHxE, k_BxTxKxE, v_BxTxKxE = _project_qkv(ctx, lp, x_BxTxD)
+  k_all_LxBxSxKxE = attention.write_slots(k_all_LxBxSxKxE, layer, k_BxTxKxE, ctx.lengths_B, ctx.slots_BxT)
+  v_all_LxBxSxKxE = attention.write_slots(v_all_LxBxSxKxE, layer, v_BxTxKxE, ctx.lengths_B, ctx.slots_BxT)
+  o_BxTxHxE = _attend_cache(ctx, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer)
+  HE = ctx.cfg.num_heads * ctx.cfg.head_dim
+  x_BxTxD = x_BxTxD + linear(o_BxTxHxE.reshape(ctx.B, ctx.T, HE), lp["wo"], ctx.live_T, ctx.backends)
+  return x_BxTxD, k_all_LxBxSxKxE, v_all_LxBxSxKxE
+
+
+def _mlp_block(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array) -> jax.Array:
+  """One layer's SwiGLU MLP with its residual: norm → gate/up → silu(gate)·up → down."""
+  h_BxTxD = rms_norm(x_BxTxD, lp["mlp_norm"], ctx.cfg.norm_eps)
+  gate_BxTxF, up_BxTxF = jnp.split(linear(h_BxTxD, lp["w_gate_up"], ctx.live_T, ctx.backends), 2, axis=-1)
+  return x_BxTxD + linear(jax.nn.silu(gate_BxTxF) * up_BxTxF, lp["w_down"], ctx.live_T, ctx.backends)
+
+
+def _run_layers(params: Params, ctx: _LayerContext, carry, taps: tuple[int, ...]):
+  """Every decoder layer over carry = (x [B,T,D], k_all, v_all): a Python loop over the unstacked layout (see
+  ``unstack_layers``), else a ``lax.scan`` over the stacked weights.  Returns (carry, the residual stream
+  after each layer in ``taps``)."""
+  def layer_fn(carry, layer_in):
+    x_BxTxD, k_all, v_all = carry
+    lp, layer = layer_in
+    x_BxTxD, k_all, v_all = _attention_block(ctx, lp, x_BxTxD, k_all, v_all, layer)
+    x_BxTxD = _mlp_block(ctx, lp, x_BxTxD)
+    return (x_BxTxD, k_all, v_all), x_BxTxD if taps else None
+
+  if isinstance(params["layers"], (list, tuple)):
     outs = []
     for layer, lp in enumerate(params["layers"]):
       carry, y = layer_fn(carry, (lp, layer))
       outs.append(y)
-    tapped = [outs[i] for i in taps]
-  else:
-    carry, ys = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(cfg.num_layers)))
-    tapped = [ys[i] for i in taps]
-  x_BxTxD, k_all, v_all = carry
-  features = None
-  if feature_layers is not None:
-    features = (jnp.concatenate(tapped, axis=-1) if taps
-                else rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps))
+    return carry, [outs[i] for i in taps]
+  carry, ys = jax.lax.scan(layer_fn, carry, (params["layers"], jnp.arange(ctx.cfg.num_layers)))
+  return carry, [ys[i] for i in taps]
+
+
+def _features(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, tapped: list[jax.Array],
+              feature_layers: tuple[int, ...] | None) -> jax.Array | None:
+  """What ``feature_layers`` asks for, [B, T, F]: the tapped layers' outputs concatenated, or with ``()`` the
+  final hidden state; None without it."""
+  if feature_layers is None:
+    return None
+  if tapped:                           # layer indices: their residual streams side by side
+    return jnp.concatenate(tapped, axis=-1)
+  return rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
+
+
+def _final_head(params: Params, ctx: _LayerContext, x_BxTxD: jax.Array, head_index_B: jax.Array | None):
+  """The rows ``head_index_B`` picks (all without it), the final norm and the head: (hidden [B,J,D], logits
+  [B,J,V] fp32)."""
   if head_index_B is not None:         # one row per sequence [B], or several [B, J]
     rows_BxJ = head_index_B if head_index_B.ndim == 2 else head_index_B[:, None]
     x_BxTxD = jnp.take_along_axis(x_BxTxD, rows_BxJ[:, :, None], axis=1)
-  hidden = rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
-  logits = lm_head(params, cfg, hidden, None if head_index_B is not None else live_T, backends)
-  return ForwardOutput(logits, hidden, KVCache(k=k_all, v=v_all, lengths=lengths + T), features)
+  hidden_BxJxD = rms_norm(x_BxTxD, params["final_norm"], ctx.cfg.norm_eps)
+  logits_BxJxV = lm_head(params, ctx.cfg, hidden_BxJxD, None if head_index_B is not None else ctx.live_T,
+                         ctx.backends)
+  return hidden_BxJxD, logits_BxJxV
 
 
 def scatter_to_vocab(logits_BxTxVr: jax.Array, head_ids_Vr: jax.Array, vocab_size: int) -> jax.Array:

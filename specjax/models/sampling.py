@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import sampling_rows
-from specjax.models.decoder import MASK_VALUE
+from specjax.models.attention import MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)

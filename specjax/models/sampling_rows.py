@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.models.decoder import MASK_VALUE
+from specjax.models.attention import MASK_VALUE
 
 
 @struct.dataclass

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models import decoder as model_lib, quant
+from specjax.models import attention, decoder as model_lib, quant, rope
 from specjax.errors import SpecjaxError
 from specjax.speculative import eagle
 from specjax.training import losses
@@ -245,7 +245,7 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
   lp = jax.tree_util.tree_map(lambda x: x[0], params["layers"])
   tokens, seg, pos = batch["tokens"], batch["seg"], batch["pos"]
   B, T = tokens.shape
-  cos, sin = model_lib.rope_tables(cfg, pos)
+  cos, sin = rope.rope_tables(cfg, pos)
   t_idx = jnp.arange(T)
   same_seg = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)        # [B, T(query), T(key)]
   feats = batch["feats"].astype(jnp.float32)
@@ -273,8 +273,8 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
     if "b_qkv" in lp:              # Qwen2's q/k/v biases (the engine's layer adds them too)
       qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
-    q = model_lib.apply_rope(q.reshape(B, T, K, G, E).reshape(B, T, H, E), cos, sin).reshape(B, T, K, G, E)
-    k = model_lib.apply_rope(k.reshape(B, T, K, E), cos, sin)
+    q = rope.apply_rope(q.reshape(B, T, K, G, E).reshape(B, T, H, E), cos, sin).reshape(B, T, K, G, E)
+    k = rope.apply_rope(k.reshape(B, T, K, E), cos, sin)
     v = v.reshape(B, T, K, E)
     keys.append(k)
     values.append(v)
@@ -282,7 +282,7 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
     # step-1 keys: positions u <= t - s + 1 of the same sequence
     s1 = jnp.einsum("btkge,buke->bkgtu", q, keys[0]) * scale
     ok1 = same_seg & (t_idx[None, None, :] <= t_idx[None, :, None] - (s - 1))
-    s1 = jnp.where(ok1[:, None, None], s1, model_lib.MASK_VALUE)
+    s1 = jnp.where(ok1[:, None, None], s1, attention.MASK_VALUE)
     # diagonal keys: step m at position t - s + m, m = 2..s
     diag_s, diag_v = [], []
     for m in range(2, s + 1):
@@ -290,7 +290,7 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
       km, vm = _shift(keys[m - 1], n), _shift(values[m - 1], n)
       ok = (t_idx >= n)[None, :] & (_shift(seg, n) == seg) & (seg > 0)               # [B, T]
       sc = jnp.einsum("btkge,btke->bkgt", q, km) * scale
-      diag_s.append(jnp.where(ok[:, None, None], sc, model_lib.MASK_VALUE)[..., None])
+      diag_s.append(jnp.where(ok[:, None, None], sc, attention.MASK_VALUE)[..., None])
       diag_v.append(vm)
     scores = jnp.concatenate([s1] + diag_s, axis=-1) if diag_s else s1
     probs = jax.nn.softmax(scores, axis=-1)

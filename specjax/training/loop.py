@@ -19,6 +19,7 @@ redrawn at every checkpoint and at the end).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -174,6 +175,131 @@ def _scalars(metrics: dict, prefix: str = "") -> dict[str, float]:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+  """When ``train`` logs, evaluates and stops, and what it adds to each record and checkpoint."""
+  total_steps: int
+  log_every: int
+  eval_every: int
+  eval_fn: Callable | None
+  tokens_per_batch: int | None
+  extra_meta: dict | None
+
+  def check(self) -> None:
+    if not isinstance(self.total_steps, int) or self.total_steps < 1:
+      raise SpecjaxError(f"total_steps must be an integer >= 1, got {self.total_steps!r}")
+    if not isinstance(self.log_every, int) or self.log_every < 1:
+      raise SpecjaxError(f"log_every must be an integer >= 1, got {self.log_every!r}")
+    if self.eval_every < 0 or (self.eval_every and self.eval_fn is None):
+      raise SpecjaxError("eval_every needs an eval_fn (and must be >= 0)")
+
+
+class _RunLog:
+  """One ``train`` call's records: the metrics file (cut back to the starting step), the training wall time
+  across resumes, the throughput mark and the progress line."""
+
+  def __init__(self, run_dir: Path, start: int):
+    self.run_dir = run_dir
+    self.start = start
+    self.metrics_path = run_dir / METRICS
+    self.main = distributed.is_main()        # several processes: one writes the metrics and the plot
+    kept = _truncate_metrics(self.metrics_path, start) if self.main else []
+    self.elapsed0 = max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
+    self.writer = _MetricsWriter(self.metrics_path if self.main else Path(os.devnull))
+    self.t_start = time.perf_counter()
+    self.mark_t, self.mark_step = self.t_start, start
+    self.info = "loss ?"
+
+  def elapsed(self) -> float:
+    return self.elapsed0 + time.perf_counter() - self.t_start
+
+  def mark(self, step: int, now: float | None = None) -> None:
+    """Throughput is measured from here (after compilation, an eval or a checkpoint)."""
+    self.mark_t, self.mark_step = time.perf_counter() if now is None else now, step
+
+  def log(self, step: int, metrics: dict, tokens_per_batch: int | None) -> None:
+    record = {"step": step, **_scalars(metrics)}
+    now = time.perf_counter()
+    if step > self.mark_step:
+      steps_per_s = (step - self.mark_step) / max(now - self.mark_t, 1e-9)
+      record["steps_per_s"] = steps_per_s
+      if tokens_per_batch:
+        record["tokens_per_s"] = steps_per_s * tokens_per_batch
+    self.mark(step, now)
+    record["elapsed_s"] = self.elapsed()
+    record["time"] = time.time()
+    self.writer.write(record)
+    self.info = " ".join(f"{k} {record[k]:.4g}" for k in ("loss", "lr") if k in record)
+    if "tokens_per_s" in record:
+      self.info += f" {record['tokens_per_s']:,.0f} tok/s"
+
+  def log_eval(self, step: int, eval_metrics: dict) -> None:
+    self.writer.write({"step": step, **_scalars(eval_metrics, prefix="eval_"), "elapsed_s": self.elapsed(),
+                       "time": time.time()})
+    self.mark(step)       # throughput counts training steps only
+
+  def plot(self) -> None:
+    if self.main:
+      plot_losses(self.metrics_path, self.run_dir / LOSS_PLOT)
+
+  def close(self) -> None:
+    self.writer.close()
+
+
+def _start_step(train_state, total_steps: int, checkpointer: Checkpointer | None) -> int:
+  """The train state's completed steps, checked against ``total_steps`` and the checkpoints already there."""
+  start = _state_step(train_state)
+  if start > total_steps:
+    raise SpecjaxError(f"the train state is already at step {start}, past total_steps={total_steps}: "
+                       "raise --steps or use another --run-dir")
+  if checkpointer is not None:
+    latest = checkpointer.latest_step()
+    if latest is not None and latest > start:
+      raise SpecjaxError(f"{checkpointer.directory} already holds checkpoints up to step {latest} but this run "
+                         f"starts at step {start}: resume from it or use another --run-dir")
+  return start
+
+
+def _record_step(run: _RunLog, sched: _Schedule, step: int, train_state, metrics: dict) -> None:
+  """After step ``step``: the throughput mark past the first (compiling) step, the log line, the eval."""
+  last = step == sched.total_steps
+  if step == run.start + 1 and not last:
+    # The first step includes compilation: throughput is measured from its end.
+    jax.block_until_ready(metrics)
+    run.mark(step)
+  if step % sched.log_every == 0 or last:
+    run.log(step, metrics, sched.tokens_per_batch)
+  if sched.eval_every and step % sched.eval_every == 0:
+    run.log_eval(step, sched.eval_fn(train_state))
+
+
+def _save(checkpointer: Checkpointer, run: _RunLog, sched: _Schedule, step: int, train_state,
+          batcher: Batcher) -> None:
+  """The checkpoint of step ``step`` (meta: ``extra_meta``, the batcher position, ``elapsed_s``), the plot."""
+  if _state_step(train_state) != step:
+    raise SpecjaxError(f"after step {step} the train state says step {_state_step(train_state)}: "
+                       "step_fn must add 1 to train_state['step']")
+  meta = {**(sched.extra_meta or {}), DATA_KEY: batcher.position(), "elapsed_s": run.elapsed()}
+  checkpointer.save(step, train_state, meta, force=step == sched.total_steps)
+  run.plot()
+  run.mark(step)
+
+
+def _step_loop(step_fn: Callable, train_state, batcher: Batcher, checkpointer: Checkpointer | None,
+               sched: _Schedule, run: _RunLog, progress: bool):
+  """Steps ``run.start`` + 1 … ``total_steps`` under a progress bar; returns the last train state."""
+  with progress_lib.progress(progress) as bar:
+    task = bar.add_task("train", total=sched.total_steps, completed=run.start, info=run.info)
+    for step in range(run.start + 1, sched.total_steps + 1):
+      batch = batcher.next()
+      train_state, metrics = step_fn(train_state, batch)
+      _record_step(run, sched, step, train_state, metrics)
+      bar.update(task, completed=step, info=run.info)
+      if checkpointer is not None and checkpointer.should_save(step, force=step == sched.total_steps):
+        _save(checkpointer, run, sched, step, train_state, batcher)
+  return train_state
+
+
 def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int, run_dir: str | Path,
           checkpointer: Checkpointer | None, log_every: int = 10, tokens_per_batch: int | None = None,
           progress: bool = True, eval_fn: Callable | None = None, eval_every: int = 0,
@@ -184,81 +310,19 @@ def train(step_fn: Callable, train_state, batcher: Batcher, *, total_steps: int,
   ``eval_every`` steps (0: never); checkpoints when ``checkpointer`` says so and at the last step (meta:
   ``extra_meta`` + the batcher position + ``elapsed_s``).
   """
-  if not isinstance(total_steps, int) or total_steps < 1:
-    raise SpecjaxError(f"total_steps must be an integer >= 1, got {total_steps!r}")
-  if not isinstance(log_every, int) or log_every < 1:
-    raise SpecjaxError(f"log_every must be an integer >= 1, got {log_every!r}")
-  if eval_every < 0 or (eval_every and eval_fn is None):
-    raise SpecjaxError("eval_every needs an eval_fn (and must be >= 0)")
-  start = _state_step(train_state)
-  if start > total_steps:
-    raise SpecjaxError(f"the train state is already at step {start}, past total_steps={total_steps}: "
-                       "raise --steps or use another --run-dir")
-  if checkpointer is not None:
-    latest = checkpointer.latest_step()
-    if latest is not None and latest > start:
-      raise SpecjaxError(f"{checkpointer.directory} already holds checkpoints up to step {latest} but this run "
-                         f"starts at step {start}: resume from it or use another --run-dir")
+  sched = _Schedule(total_steps=total_steps, log_every=log_every, eval_every=eval_every, eval_fn=eval_fn,
+                    tokens_per_batch=tokens_per_batch, extra_meta=extra_meta)
+  sched.check()
+  start = _start_step(train_state, total_steps, checkpointer)
   run_dir = Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   compile_cache.enable()     # a resumed run reads its training step back instead of compiling it again
-  metrics_path = run_dir / METRICS
-  main = distributed.is_main()        # several processes: one writes the metrics and the plot
-  kept = _truncate_metrics(metrics_path, start) if main else []
-  elapsed0 = max((r.get("elapsed_s", 0.0) for r in kept), default=0.0)
-  writer = _MetricsWriter(metrics_path if main else Path(os.devnull))
-  t_start = time.perf_counter()
-  mark_t, mark_step = t_start, start
-  info = "loss ?"
-
-  def elapsed() -> float:
-    return elapsed0 + time.perf_counter() - t_start
-
+  run = _RunLog(run_dir, start)
   try:
-    with progress_lib.progress(progress) as bar:
-      task = bar.add_task("train", total=total_steps, completed=start, info=info)
-      for step in range(start + 1, total_steps + 1):
-        batch = batcher.next()
-        train_state, metrics = step_fn(train_state, batch)
-        last = step == total_steps
-        if step == start + 1 and not last:
-          # The first step includes compilation: throughput is measured from its end.
-          jax.block_until_ready(metrics)
-          mark_t, mark_step = time.perf_counter(), step
-        if step % log_every == 0 or last:
-          record = {"step": step, **_scalars(metrics)}
-          now = time.perf_counter()
-          if step > mark_step:
-            steps_per_s = (step - mark_step) / max(now - mark_t, 1e-9)
-            record["steps_per_s"] = steps_per_s
-            if tokens_per_batch:
-              record["tokens_per_s"] = steps_per_s * tokens_per_batch
-          mark_t, mark_step = now, step
-          record["elapsed_s"] = elapsed()
-          record["time"] = time.time()
-          writer.write(record)
-          info = " ".join(f"{k} {record[k]:.4g}" for k in ("loss", "lr") if k in record)
-          if "tokens_per_s" in record:
-            info += f" {record['tokens_per_s']:,.0f} tok/s"
-        if eval_every and step % eval_every == 0:
-          record = {"step": step, **_scalars(eval_fn(train_state), prefix="eval_"), "elapsed_s": elapsed(),
-                    "time": time.time()}
-          writer.write(record)
-          mark_t, mark_step = time.perf_counter(), step       # throughput counts training steps only
-        bar.update(task, completed=step, info=info)
-        if checkpointer is not None and checkpointer.should_save(step, force=last):
-          if _state_step(train_state) != step:
-            raise SpecjaxError(f"after step {step} the train state says step {_state_step(train_state)}: "
-                               "step_fn must add 1 to train_state['step']")
-          meta = {**(extra_meta or {}), DATA_KEY: batcher.position(), "elapsed_s": elapsed()}
-          checkpointer.save(step, train_state, meta, force=last)
-          if main:
-            plot_losses(metrics_path, run_dir / LOSS_PLOT)
-          mark_t, mark_step = time.perf_counter(), step
+    train_state = _step_loop(step_fn, train_state, batcher, checkpointer, sched, run, progress)
   finally:
-    writer.close()
+    run.close()
   if checkpointer is not None:
     checkpointer.wait_until_finished()
-  if main:
-    plot_losses(metrics_path, run_dir / LOSS_PLOT)
+  run.plot()
   return train_state

@@ -4,7 +4,7 @@ Every loss takes logits (any leading shape, written N here, vocabulary V last) a
 shape, and returns the masked mean over positions (the mask may be bool or float weights; a position whose
 weight is 0 never contributes, even if its logits are garbage).  Log-probabilities are computed in float32.
 
-Excluded tokens (logits such as ``-1e30`` or ``model.MASK_VALUE`` = -0.7·float32 max) have probability 0 and
+Excluded tokens (logits such as ``-1e30`` or ``attention.MASK_VALUE`` = -0.7·float32 max) have probability 0 and
 contribute 0·log 0 = 0; the losses and their gradients stay finite as long as the divergence itself is finite
 (KL(p‖q) is infinite where p > 0 and q = 0, and comes out huge, not nan).  All functions are jit-able; ``kind``
 and ``beta`` are static.
