@@ -34,7 +34,7 @@ def _requests(encoded, trace, ignore_eos=False):
 
 def _position_acceptance(state) -> list[float]:
   st = state.stats
-  acc, reach = np.asarray(st.pos_accepted_K, float), np.asarray(st.pos_reached_K, float)
+  acc, reach = np.asarray(st.pos_accepted_D, float), np.asarray(st.pos_reached_D, float)
   return [float(a / r) if r else 0.0 for a, r in zip(acc, reach)]
 
 
@@ -74,7 +74,7 @@ def crossover(m, spec, encoded, drafter: str, k: int, batches, max_new: int, max
         after = jax.device_get(eng.state.stats)
         # α_j = P(position j accepted | position j − 1 accepted), a position the drafter left empty counting
         # as not accepted (n-gram lookup often drafts fewer than k): then τ(k) = 1 + Σ_j Π α is the measured τ.
-        acc = np.asarray(after.pos_accepted_K, float) - np.asarray(before.pos_accepted_K, float)
+        acc = np.asarray(after.pos_accepted_D, float) - np.asarray(before.pos_accepted_D, float)
         steps = float(np.sum(np.asarray(after.verify_steps_B) - np.asarray(before.verify_steps_B)))
         prev = np.concatenate([[steps], acc[:k - 1]])
         acc_B1 = [float(a / p) if p else 0.0 for a, p in zip(acc[:k], prev)]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -26,13 +27,15 @@ from specjax.models.buffers import AUTO_MAX_LEN_LIMIT, DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
 from specjax.models.kv_cache import init_cache
 from specjax.progress import say
-from specjax.prompts import Prompt
+from specjax.prompts import Prompt, load_prompts
+from specjax.runtime.compile_cache import enable as use_compile_cache
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary, device_memory_bytes
-from specjax.runtime.builder import (DEFAULT_NGRAM_CAPS, Decode, DecodeSpec, build, build_drafter,
-                                     default_draft_model, parse_layers)
-from specjax.runtime.compiled import compile_generate, device_inputs, make_engine
+from specjax.runtime.builder import (Decode, build, build_drafter, default_draft_model, load_draft, make_engine,
+                                     parse_layers)
+from specjax.runtime.request import DEFAULT_NGRAM_CAPS, DecodeSpec, check_draft
+from specjax.runtime.compiled import device_inputs, run_batch
 from specjax.runtime.loaded import Model, default_dtype, load, on_mesh
-from specjax.runtime.trees import acceptance_tree, resolve_tree, tree_stats
+from specjax.runtime.request import acceptance_tree, resolve_tree, tree_stats
 from specjax.speculative import registry as drafter_registry
 from specjax.speculative.trees import specs as tree_shapes
 
@@ -40,11 +43,18 @@ from specjax.speculative.trees import specs as tree_shapes
 DRAFTERS = drafter_registry.NAMES   # the drafter names (speculative/registry.py says what each needs)
 
 # The API's face: what it runs (below) and what it is built from (specjax/runtime/), under one name.
+def make_mesh(mesh):
+  """A device mesh from 'DATAxMODEL' (or a jax Mesh), refused in one line when this process cannot make it."""
+  from specjax.parallel import sharding
+  return sharding.make_mesh(mesh)
+
+
 __all__ = ["AUTO_MAX_LEN_LIMIT", "DEFAULT_MAX_LEN", "DEFAULT_NGRAM_CAPS", "DRAFTERS", "Decode", "DecodeSpec",
            "Generation", "Model", "build",
-           "ScoreResult", "acceptance_vector", "build_drafter", "check_fits", "check_memory", "check_same_vocabulary",
-           "compile_generate", "default_draft_model", "default_dtype", "device_inputs", "device_memory_bytes",
-           "encode_prompts", "generate", "load", "make_engine", "on_mesh", "parse_layers", "resolve_tree", "score",
+           "Prompt", "ScoreResult", "acceptance_vector", "check_draft", "load_draft", "load_prompts", "make_mesh",
+           "use_compile_cache", "build_drafter", "check_fits", "check_memory", "check_same_vocabulary",
+           "decode_spec", "default_draft_model", "default_dtype", "device_inputs", "device_memory_bytes",
+           "encode_prompts", "generate", "load", "make_engine", "on_mesh", "run_batch", "parse_layers", "resolve_tree", "score",
            "spec_metrics", "tokenize", "tree_stats"]
 
 
@@ -75,7 +85,7 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
   g = distributed.to_host
   committed, steps = g(stats.committed_B).sum(), g(stats.verify_steps_B).sum()
   drafted, accepted = g(stats.drafted_B).sum(), g(stats.accepted_B).sum()
-  reached, pos_acc = g(stats.pos_reached_K), g(stats.pos_accepted_K)
+  reached, pos_acc = g(stats.pos_reached_D), g(stats.pos_accepted_D)
   by_depth = [float(a / r) if r else 0.0 for a, r in zip(pos_acc, reached)]
   return {"mean_accepted_length": float(committed / steps) if steps else 1.0,
           "acceptance_rate": float(accepted / drafted) if drafted else 0.0,
@@ -83,31 +93,27 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
           "node_accepted": g(stats.node_accepted_N1).tolist(),
           "drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
           "target_forwards": int(g(stats.target_forwards)), "draft_forwards": int(g(stats.draft_forwards)),
-          "iterations": int(g(stats.iterations)), "verify_rows_steps": g(stats.verify_rows_K1).tolist()}
+          "iterations": int(g(stats.iterations)), "verify_rows_steps": g(stats.verify_rows_N1).tolist()}
 
 
-def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             batch_size: int = 1, chat: bool = True, max_len: int | None = None,
-             ignore_eos: bool = False, progress: bool = False, drafter: str = "none", k: int = 4,
-             ngram: int = 3, draft_layers=None, draft: Model | None = None,
-             ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, tree=None,
-             acceptance=None, memory_budget: float | None = None,
-             mesh=None, index_tokens: int | None = None, head_weights: str | None = None,
-             record: "spec.Record | None" = None) -> tuple[list[Generation], dict]:
+def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128, batch_size: int = 1,
+             seed: int = 0, chat: bool = True, max_len: int | None = None, ignore_eos: bool = False,
+             progress: bool = False, draft: Model | None = None, memory_budget: float | None = None,
+             mesh=None, record: "spec.Record | None" = None, spec_: DecodeSpec | None = None,
+             **settings) -> tuple[list[Generation], dict]:
   """Generate a reply for every prompt (batched, each batch one on-device loop), optionally speculatively.
+
+  The decode is ``spec_`` (a ``DecodeSpec``), or the one ``settings`` describe: ``DecodeSpec``'s fields
+  (``drafter``, ``k``, ``tree``, ``acceptance``, ``ngram``, ``ngram_caps``, ``draft_layers``,
+  ``index_tokens``, ``head_weights``) and the sampling settings ``temperature``, ``top_k``, ``top_p``
+  (``decode_spec``).  ``drafter`` is ``none`` (plain decoding) or a name of ``speculative/registry.py``
+  (``DRAFTERS``); ``k`` tokens are drafted per step, in a chain, unless ``tree`` (``branch:4,2``,
+  ``sequoia:16``, ``dynamic:16``; ``trees/specs.py``) gives a token tree of N draft nodes.  ``draft``: the
+  draft model of a kind that runs one (default: the registry's draft for ``m``), or a trained head's
+  directory.
 
   ``mesh`` ('DATAxMODEL' or a jax Mesh): run sharded over that many devices (``sharding``; batches over
   "data", heads and FFN columns over "model"); the tokens are the single device's.
-
-  ``drafter`` is ``none`` (plain decoding), ``ngram`` (prompt lookup, ``ngram`` = longest n), ``layerskip``
-  (the target's own ``draft_layers``: a count of first layers or a list of indices) or ``model`` (``draft``:
-  a small model with the same tokenizer); ``k`` tokens are drafted per step, in a chain, unless ``tree``
-  (a spec such as ``branch:4,2``, ``sequoia:16`` or ``dynamic:16``; see ``tree_shapes``) gives the token tree
-  of N draft nodes (``k`` is then ignored).  ``acceptance`` (a file or a list) feeds ``sequoia`` trees.
-  ``index_tokens``: the suffix drafter's index size in token slots (default 65,536; the oldest evicted).
-  ``head_weights``: a trained head's (``eagle*``, ``draft`` its directory) weight type: fp32, bf16, int8 or
-  int4 (default: the target's).
   ``record`` (``speculative.Record``): also return what the target computed at every position — the
   features a drafter is trained on and the top-k it distils — in ``Generation.recorded``.
   Returns the generations and stats: new tokens; seconds spent loading the model (``load_s``), compiling or
@@ -124,14 +130,9 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     raise SpecjaxError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
   if batch_size < 1:
     raise SpecjaxError(f"--batch-size must be >= 1, got {batch_size}")
-  try:
-    sp = sampling.SamplingParams(temperature, top_k, top_p)
-  except ValueError as e:
-    raise SpecjaxError(str(e)) from e
+  ds = spec_ if spec_ is not None else decode_spec(**settings)
   if not prompts:
     raise SpecjaxError("no prompts given")
-  ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
-                  draft_layers=draft_layers, sampling=sp, index_tokens=index_tokens, head_weights=head_weights)
   if ds.kind.draft_model and draft is None:
     draft = default_draft_model(m)        # the registry's draft for the target (or a clear error)
   if mesh is not None:
@@ -139,63 +140,81 @@ def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int =
     if draft is not None:
       draft = on_mesh(draft, m.mesh)
   encoded = encode_prompts(m, prompts, chat)
-  eos_ids = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
-  d = build(m, ds, eos_ids=eos_ids, max_len=max_len, prompt_lens=[len(e) for e in encoded],
-            max_new_tokens=max_new_tokens, batch_size=batch_size, draft=draft, memory_budget=memory_budget)
-  engine, draft_params, k_max, max_len = d.engine, d.draft_params, d.k_max, d.max_len
-  if record is not None:
-    engine = engine._replace(record=record)
-  key = jax.random.PRNGKey(seed)
-  outputs: list[Generation] = []
+  d = build(m, ds, eos_ids=() if ignore_eos else tuple(m.tokenizer.eos_token_ids), max_len=max_len,
+            prompt_lens=[len(e) for e in encoded], max_new_tokens=max_new_tokens, batch_size=batch_size,
+            draft=draft, memory_budget=memory_budget)
+  engine = d.engine if record is None else d.engine._replace(record=record)
   stats = {"sequences": len(prompts), "new_tokens": 0, "prompt_tokens": int(sum(map(len, encoded))),
            "load_s": m.load_s + getattr(draft, "load_s", 0.0), "compile_s": 0.0,
-           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "max_len": max_len,
-           "drafter": drafter, "k": k_max, **tree_stats(d.choice, k_max, acceptance)}
-  totals = None
-  for start in range(0, len(encoded), batch_size):
-    chunk = encoded[start:start + batch_size]
-    arr, lens = buffers.pad_batch(chunk, batch_size)
-    max_new = np.where(np.arange(batch_size) < len(chunk), max_new_tokens, 0).astype(np.int32)
-    init_fn, loop_fn, compile_s = compile_generate(m, engine, batch_size, arr.shape[1], max_len, draft_params,
-                                                   log=say if progress else (lambda _: None))
-    stats["compile_s"] += compile_s
-    key, sub = jax.random.split(key)
-    cache, (arr_d, lens_d, max_new_d, k_active) = device_inputs(
-        m, batch_size, max_len, arr, lens, max_new, np.full((batch_size,), k_max, np.int32))
-    t0 = time.perf_counter()
-    state = jax.block_until_ready(init_fn(m.prefill_params, draft_params, cache, arr_d, lens_d, max_new_d, sub))
-    t1 = time.perf_counter()
-    res = loop_fn(m.exec_params, draft_params, state, k_active)
-    seq = distributed.to_host(res.seq_BxS)
-    starts = distributed.to_host(res.starts_BxS)
-    stats["prefill_s"] += t1 - t0
-    stats["decode_s"] += time.perf_counter() - t1
-    totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
-    num_new = distributed.to_host(res.num_new_B)
-    rec = None if res.record is None else jax.tree_util.tree_map(distributed.to_host, res.record)
-    if ds.kind.learns:    # a learning drafter (suffix) indexes this batch for the batches after it
-      draft_params = drafter_registry.absorb(engine.drafter, draft_params,
-                                             [list(toks) + seq[i, len(toks):len(toks) + num_new[i]].tolist()
-                                              for i, toks in enumerate(chunk)])
-    for i, toks in enumerate(chunk):
-      ids = seq[i, len(toks):len(toks) + num_new[i]].tolist()
-      p = prompts[start + i]
-      outputs.append(Generation(
-          question_id=p.question_id if isinstance(p, Prompt) else start + i,
-          prompt=p.text if isinstance(p, Prompt) else p,
-          text=m.tokenizer.decode(ids), token_ids=ids, prompt_tokens=len(toks),
-          iteration_starts=np.flatnonzero(starts[i, :len(toks) + len(ids)]).tolist(),
-          recorded=None if rec is None else {
-              "features": rec.feats_BxSxF[i, :len(toks) + len(ids)],
-              "topk_ids": rec.topk_ids_BxSxK[i, :len(toks) + len(ids)],
-              "topk_logp": rec.topk_lp_BxSxK[i, :len(toks) + len(ids)]}))
-      stats["new_tokens"] += len(ids)
-    if progress:
-      print(f"[generate] {min(start + batch_size, len(encoded))}/{len(encoded)} prompts", file=sys.stderr)
+           "prefill_s": 0.0, "decode_s": 0.0, "batch_size": batch_size, "max_len": d.max_len,
+           "drafter": ds.drafter, "k": d.k_max, **tree_stats(d.choice, d.k_max, ds.acceptance)}
+  outputs, totals = _decode_batches(m, d, engine, prompts, encoded, max_new_tokens, batch_size,
+                                    jax.random.PRNGKey(seed), stats, progress)
   run_s = stats["prefill_s"] + stats["decode_s"]
   stats["tokens_per_s"] = stats["new_tokens"] / run_s if run_s else 0.0
   stats.update(spec_metrics(totals))
   return outputs, stats
+
+
+def decode_spec(drafter: str = "none", temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                **fields) -> DecodeSpec:
+  """A ``DecodeSpec`` from keyword settings (``generate``'s ``settings``): the sampling settings become its
+  ``SamplingParams``; a setting it does not have is refused in one line."""
+  try:
+    sp = sampling.SamplingParams(temperature, top_k, top_p)
+  except ValueError as e:
+    raise SpecjaxError(str(e)) from e
+  known = {f.name for f in dataclasses.fields(DecodeSpec)} - {"drafter", "sampling"}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise SpecjaxError(f"unknown decode setting {', '.join(unknown)}: use drafter, temperature, top_k, top_p, "
+                       f"{', '.join(sorted(known))}")
+  return DecodeSpec(drafter=drafter, sampling=sp, **fields)
+
+
+def _decode_batches(m: Model, d: Decode, engine, prompts, encoded, max_new_tokens: int, batch_size: int, key,
+                    stats: dict, progress: bool):
+  """Each batch of ``batch_size`` prompts through ``compiled.run_batch``; (generations, summed counters)."""
+  outputs: list[Generation] = []
+  totals, draft_params = None, d.draft_params
+  for start in range(0, len(encoded), batch_size):
+    chunk = encoded[start:start + batch_size]
+    arr, lens = buffers.pad_batch(chunk, batch_size)
+    max_new = np.where(np.arange(batch_size) < len(chunk), max_new_tokens, 0).astype(np.int32)
+    key, sub = jax.random.split(key)
+    run = run_batch(m, engine, draft_params, arr, lens, max_new, np.full((batch_size,), d.k_max, np.int32), sub,
+                    d.max_len, log=say if progress else (lambda _: None))
+    res = run.result
+    for name in ("compile_s", "prefill_s", "decode_s"):
+      stats[name] += getattr(run, name)
+    totals = res.stats if totals is None else jax.tree_util.tree_map(lambda a, b: a + b, totals, res.stats)
+    seq, num_new = distributed.to_host(res.seq_BxS), distributed.to_host(res.num_new_B)
+    replies = [seq[i, len(toks):len(toks) + num_new[i]].tolist() for i, toks in enumerate(chunk)]
+    if d.spec.kind.learns:    # a learning drafter (suffix) indexes this batch for the batches after it
+      draft_params = drafter_registry.absorb(engine.drafter, draft_params,
+                                             [list(toks) + ids for toks, ids in zip(chunk, replies)])
+    outputs += _generations(m, prompts, start, chunk, replies, res)
+    stats["new_tokens"] += sum(map(len, replies))
+    if progress:
+      print(f"[generate] {min(start + batch_size, len(encoded))}/{len(encoded)} prompts", file=sys.stderr)
+  return outputs, totals
+
+
+def _generations(m: Model, prompts, start: int, chunk, replies, res) -> list[Generation]:
+  """The ``Generation`` of each prompt of one batch (``res``: its loop's final state)."""
+  starts = distributed.to_host(res.starts_BxS)
+  rec = None if res.record is None else jax.tree_util.tree_map(distributed.to_host, res.record)
+  out = []
+  for i, (toks, ids) in enumerate(zip(chunk, replies)):
+    p, n = prompts[start + i], len(toks) + len(ids)
+    out.append(Generation(
+        question_id=p.question_id if isinstance(p, Prompt) else start + i,
+        prompt=p.text if isinstance(p, Prompt) else p,
+        text=m.tokenizer.decode(ids), token_ids=ids, prompt_tokens=len(toks),
+        iteration_starts=np.flatnonzero(starts[i, :n]).tolist(),
+        recorded=None if rec is None else {"features": rec.feats_BxSxF[i, :n], "topk_ids": rec.topk_ids_BxSxK[i, :n],
+                                           "topk_logp": rec.topk_lp_BxSxK[i, :n]}))
+  return out
 
 
 def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str = "ngram", ranks: int = 8,
@@ -210,7 +229,7 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
   depth d (a row never reached repeats the one above).  Returns the JSON that
   ``tree_shapes.load_acceptance_vector`` reads back (it prefers the table)."""
   if not drafter_registry.get(drafter).speculates:
-    raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
+    raise SpecjaxError(f"acceptance-vector measures a drafter: pass {drafter_registry.speculating_help()}")
   if ranks < 1:
     raise SpecjaxError(f"--ranks must be >= 1, got {ranks}")
   if depths < 1:
@@ -262,10 +281,13 @@ class ScoreResult:
   perplexity: float
 
 
-@jax.jit
-def _next_token_logprobs(logits_BxTxV, tokens_BxT):
-  logp = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32), axis=-1)
-  return jnp.take_along_axis(logp, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
+def _score_logprobs(params, tokens_1xT, *, cfg, dtype):
+  """log p(token t + 1 | tokens ≤ t) for every t of one padded text, in one forward (one compile per bucket)."""
+  T = tokens_1xT.shape[1]
+  out = model_lib.forward(params, cfg, tokens_1xT, jnp.arange(T)[None], init_cache(cfg, 1, T, dtype))
+  logp = jax.nn.log_softmax(out.logits[:, :-1].astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logp, tokens_1xT[:, 1:, None], axis=-1)[..., 0]
 
 
 def score(m: Model, text: str) -> ScoreResult:
@@ -279,19 +301,8 @@ def score(m: Model, text: str) -> ScoreResult:
   T = buffers.round_up(len(ids), buffers.PROMPT_BUCKET)
   arr = np.zeros((1, T), np.int32)
   arr[0, :len(ids)] = ids
-  fn = m._compiled.get(("score", T))
-  if fn is None:
-    cfg = m.cfg
-
-    dtype = m.dtype
-
-    def run(params, tokens_1xT):
-      cache = init_cache(cfg, 1, T, dtype)
-      out = model_lib.forward(params, cfg, tokens_1xT, jnp.arange(T)[None], cache)
-      return _next_token_logprobs(out.logits, tokens_1xT)
-
-    fn = m._compiled[("score", T)] = jax.jit(run)
-  lp = np.asarray(fn(m.exec_params, jnp.asarray(arr)))[0, :len(ids) - 1].astype(float)
+  lp = np.asarray(_score_logprobs(m.exec_params, jnp.asarray(arr), cfg=m.cfg, dtype=m.dtype))
+  lp = lp[0, :len(ids) - 1].astype(float)
   pieces = [m.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
   return ScoreResult(token_ids=ids, tokens=pieces, logprobs=lp.tolist(),
                      perplexity=float(math.exp(-lp.mean())))

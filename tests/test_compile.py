@@ -63,28 +63,35 @@ def test_spec_step_compiles_once_for_any_k_active_and_content():
     b = run(np.array([[9, 9, 1, 2], [7, 1, 7, 1]], np.int32), [[3, 0], [4, 4], [1, 1]])
   assert n() == 0, f"{n()} compilations after warm-up"
   assert int(a.stats.iterations) == 4 and int(b.stats.iterations) == 3
-  assert np.asarray(a.stats.pos_reached_K)[3] <= 2   # k_active masked the later slots
-  used = np.asarray(a.stats.verify_rows_K1) + np.asarray(b.stats.verify_rows_K1)
+  assert np.asarray(a.stats.pos_reached_D)[3] <= 2   # k_active masked the later slots
+  used = np.asarray(a.stats.verify_rows_N1) + np.asarray(b.stats.verify_rows_N1)
   assert used.sum() == 7 and np.count_nonzero(used) >= 3, used
 
 
-def test_whole_generation_is_one_device_loop_without_transfers():
-  """One compiled executable holds prefill and the whole while-loop: no host callback in it, and running it
-  with device-resident inputs performs no host<->device transfer (transfer guard set to disallow)."""
+def test_the_product_path_is_one_prefill_and_one_device_loop_without_transfers():
+  """What ``api.generate`` and ``bench`` run (``runtime.compiled``): a model's executables for a batch are
+  one prefill and one decode loop holding the whole while-loop, with no host callback in either; running them
+  on device-resident inputs performs no host<->device transfer (transfer guard set to disallow)."""
+  from specjax.runtime.compiled import device_inputs
+  from specjax.runtime.loaded import Model
   cfg = config.TINY
-  params = model.unstack_layers(model.init_params(cfg, jax.random.PRNGKey(0)))
+  m = Model(cfg=cfg, params=model.init_params(cfg, jax.random.PRNGKey(0)), tokenizer=None, source="tiny")
   engine = speculative.Engine(cfg=cfg, drafter=speculative.NgramDrafter(2, match_caps=(1,)), k_max=3,
                               sp=sampling.SamplingParams(temperature=1.0), buckets=(16, 32, 64))
-  B = 2
-  args = (params, (), kv_cache.init_cache(cfg, B, 64), jnp.array([[3, 4, 3, 4], [5, 6, 5, 6]]),
-          jnp.array([4, 4]), jnp.array([30, 30]), jnp.array([3, 3]), jax.random.PRNGKey(0))
-  hlo = speculative.generate.lower(*args, engine=engine).compile().as_text()
-  assert "while" in hlo
-  assert "callback" not in hlo.lower()
-  speculative.generate(*args, engine=engine)   # compile
-  args = args[:2] + (kv_cache.init_cache(cfg, B, 64),) + args[3:]
-  jax.block_until_ready(args)
+  B, P, S = 2, 4, 64
+  init_fn, loop_fn, _ = m.executables.for_batch(m, engine, B, P, S, (), log=lambda _: None)
+  assert len(m.executables) == 2 and m.executables.count("loop") == 1
+  for fn in (init_fn, loop_fn):
+    assert "callback" not in fn.as_text().lower()
+  assert "while" in loop_fn.as_text()
+  host = (np.array([[3, 4, 3, 4], [5, 6, 5, 6]], np.int32), np.array([4, 4], np.int32),
+          np.array([30, 30], np.int32), np.array([3, 3], np.int32))
+  cache, (tokens, lens, max_new, k_active) = device_inputs(m, B, S, *host)
+  key = jax.device_put(jax.random.PRNGKey(0))
+  jax.block_until_ready((cache, tokens, lens, max_new, k_active, key, m.prefill_params, m.exec_params))
   with jax.transfer_guard("disallow"):
-    out = speculative.generate(*args, engine=engine)
+    state = init_fn(m.prefill_params, (), cache, tokens, lens, max_new, key)
+    out = loop_fn(m.exec_params, (), state, k_active)
     jax.block_until_ready(out)
   assert int(out.stats.iterations) > 0
+  assert np.all(np.asarray(out.num_new_B) == 30)

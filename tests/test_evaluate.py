@@ -29,8 +29,8 @@ def _sampled_eagle_run(target, dp, ecfg, temperature, B=256, P=8, max_new=24):
   seq, n, starts = np.asarray(st.seq_BxS), np.asarray(st.num_new_B), np.asarray(st.starts_BxS)
   tokens = [seq[b, :P + n[b]].tolist() for b in range(B)]
   at = [np.flatnonzero(starts[b, :P + n[b]]).tolist() for b in range(B)]
-  alpha = float(st.stats.pos_accepted_K[0]) / float(st.stats.pos_reached_K[0])
-  return tokens, [P] * B, at, alpha, int(st.stats.pos_reached_K[0])
+  alpha = float(st.stats.pos_accepted_D[0]) / float(st.stats.pos_reached_D[0])
+  return tokens, [P] * B, at, alpha, int(st.stats.pos_reached_D[0])
 
 
 def test_tvd_at_iteration_starts_predicts_the_measured_first_position_acceptance():

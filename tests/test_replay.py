@@ -28,7 +28,7 @@ def test_replay_matches_engine(caps, K):
     P.append(len(pr))
     ends.append(len(pr) + n)
     tau_engine.append((int(st.stats.committed_B[0]), int(st.stats.verify_steps_B[0])))
-    rows_engine.append(np.asarray(st.stats.verify_rows_K1))
+    rows_engine.append(np.asarray(st.stats.verify_rows_N1))
   seq = np.zeros((len(prompts), max(ends) + K + 1), np.int32)
   for i, s in enumerate(seqs):
     seq[i, :len(s)] = s

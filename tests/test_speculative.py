@@ -72,13 +72,13 @@ def test_greedy_output_equals_plain_greedy(target, name):
       assert out == base_eos, (name, K)
     s = st.stats
     assert int(s.accepted_B.sum()) <= int(s.drafted_B.sum())
-    assert np.all(np.asarray(s.pos_accepted_K) <= np.asarray(s.pos_reached_K))
+    assert np.all(np.asarray(s.pos_accepted_D) <= np.asarray(s.pos_reached_D))
   if name in ("self", "hybrid_self") and K == 6:
     assert int(s.accepted_B.sum()) > 0
   if name == "self":
     assert int(s.accepted_B.sum()) == int(s.drafted_B.sum()) > 0
   if name == "ngram_capped":   # verifications with fewer live rows happened, and full ones too
-    steps = np.asarray(s.verify_rows_K1)
+    steps = np.asarray(s.verify_rows_N1)
     assert steps[:-1].sum() > 0 and steps[-1] > 0, steps
 
 
@@ -133,7 +133,7 @@ def test_k_active_masks_slots(target):
   base, _ = _run(target, NoDrafter(), (), 0, PROMPTS, LENS, max_new)
   out, st = _run(target, drafter, dparams, 8, PROMPTS, LENS, max_new, k_active=2)
   assert out == base
-  pos = np.asarray(st.stats.pos_reached_K)
+  pos = np.asarray(st.stats.pos_reached_D)
   assert pos[2:].sum() == 0 and pos[:2].sum() > 0
 
 

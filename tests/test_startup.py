@@ -17,7 +17,7 @@ from specjax.models import buffers
 from specjax.runtime import compile_cache
 from specjax.checkpoints import converted, gguf_loader, load_model
 from tests.compile_counter import count_compiles
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_new_prompt_length_compiles_only_a_prefill(tmp_path, gguf_file, monkeypa
     with count_compiles(names):
       api.generate(m, [long], max_new_tokens=6, max_len=256)
     assert len(names) == 1 and "init" in names[0], names    # the prefill, and nothing else
-    assert len([k for k in m._compiled if k[0] == "loop"]) == 1
+    assert m.executables.count("loop") == 1
     with count_compiles() as n:             # both shapes now compiled: nothing more
       again, _ = api.generate(m, [short], max_new_tokens=6, max_len=256)
       api.generate(m, [long], max_new_tokens=9, max_len=256)

@@ -120,7 +120,7 @@ def test_greedy_tree_decoding_equals_plain_greedy(target, plain, shape_name, dra
   if drafter_name == "self":      # the drafter is the target: the rank-0 path is always accepted
     D = SHAPES[shape_name].max_depth
     assert int(s.accepted_B.sum()) > 0 and int(s.committed_B.sum()) >= int(s.verify_steps_B.sum()) * 2
-    assert np.asarray(s.pos_accepted_K)[0] == np.asarray(s.pos_reached_K)[0] > 0, D
+    assert np.asarray(s.pos_accepted_D)[0] == np.asarray(s.pos_reached_D)[0] > 0, D
 
 
 def test_layerskip_tree_and_eos(target, plain):

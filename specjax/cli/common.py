@@ -64,7 +64,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def add_mesh_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--mesh", help="DATAxMODEL devices, e.g. 2x4: shard the model over a device mesh of all "
                                 "processes' devices (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                                "makes N devices); docs/MULTI_DEVICE.md")
+                                "makes N devices); docs/guides/multi-device.md")
   add_process_flags(p)
 
 
@@ -140,7 +140,7 @@ def adapter_factory(args):
     if getattr(args, "adapt_dir", None):
       raise SpecjaxError("--adapt-dir needs --adapt")
     return None
-  if drafters().get(args.drafter).draft != "head":
+  if not drafters().get(args.drafter).head:
     raise SpecjaxError(f"--adapt trains a feature drafter's head from served traffic: use --drafter eagle (or "
                        f"eagle-parallel) --draft DIR, not --drafter {args.drafter}")
   import functools
@@ -181,7 +181,7 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 def serving_engine(args, m, max_len: int, **kwargs):
   from specjax.measure import calibrate
   from specjax.serving import factory
-  draft = load_draft(args)
+  draft = load_draft(args, m)
   if getattr(args, "mesh", None):
     from specjax import api
     m = api.on_mesh(m, args.mesh)
@@ -201,12 +201,10 @@ def serving_engine(args, m, max_len: int, **kwargs):
 
 def load_model(args):
   from specjax import api
-  from specjax.runtime import compile_cache
   if getattr(args, "no_compile_cache", False):
-    compile_cache.enable(False)
+    api.use_compile_cache(False)
   if getattr(args, "mesh", None):          # a mesh that cannot be made fails before the weights load
-    from specjax.parallel import sharding
-    sharding.make_mesh(args.mesh)
+    api.make_mesh(args.mesh)
   dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
   weights = getattr(args, "weights", "auto")
   log(f"[specjax] loading {args.model} ({dtype}{'' if weights == 'auto' else f', {weights} weights'})")
@@ -215,40 +213,38 @@ def load_model(args):
   return m
 
 
-def load_draft(args):
-  """The draft of ``--drafter``/``--draft`` (after ``check_drafter``): a loaded model, a drafter directory or None."""
+def load_draft(args, m, ds=None):
+  """The draft of ``--drafter``/``--draft`` for the target ``m`` (``api.load_draft``): a loaded draft model
+  (``--draft``, else the registry's draft for ``--model``; at ``--draft-weights``, else ``--weights``), a
+  trained drafter's directory, or None."""
   from specjax import api
-  from specjax.errors import SpecjaxError
-  kind = drafters().get(args.drafter)
-  if kind.draft_model and not args.draft:
-    from specjax.checkpoints import catalog as registry
-    args.draft = registry.default_draft(args.model)
-    if not args.draft:
-      raise SpecjaxError(f"--drafter {args.drafter} needs --draft MODEL (a small model sharing the target's tokenizer); "
-                         f"'{args.model}' has no default draft in the registry (`specjax models` lists them)")
-    log(f"[specjax] --drafter {args.drafter}: the registry's draft for {args.model} is {args.draft}")
-  if kind.draft == "head":                  # the directory itself was checked by check_drafter
-    if not args.draft:
-      raise SpecjaxError(f"--drafter {args.drafter} needs --draft DIR (a trained drafter; `specjax models` lists them, "
-                         "`specjax train configs/eagle_smollm2.gin` makes one)")
-    return args.draft
-  if not args.draft:
-    return None
-  log(f"[specjax] loading draft {args.draft}")
+  ds = ds or api.DecodeSpec(drafter=args.drafter)
   weights = getattr(args, "draft_weights", None) or getattr(args, "weights", "auto")
-  d = api.load(args.draft, dtype=args.dtype, weights=weights)
-  log(f"[specjax] loaded the draft in {d.load_s:.1f}s")
-  return d
+  return api.load_draft(m, ds, args.draft, weights=None if weights == "auto" else weights, log=log_specjax)
+
+
+def log_specjax(msg: str) -> None:
+  log(f"[specjax] {msg}")
+
+
+def decode_spec(args, **overrides):
+  """The decode the flags describe (``api.decode_spec``; ``overrides`` replace flags, e.g. one of several
+  ``--tree``): every model-free check runs here, once, and ``--draft`` is checked (``api.check_draft``), all
+  before any model loads."""
+  from specjax import api
+  settings = dict(drafter=args.drafter, ngram=args.ngram, draft_layers=args.draft_layers,
+                  ngram_caps=args.ngram_caps, **index_kwargs(args), **head_kwargs(args))
+  for name in ("k", "tree", "acceptance", "temperature", "top_k", "top_p"):
+    if getattr(args, name, None) is not None:
+      settings[name] = getattr(args, name)
+  ds = api.decode_spec(**{**settings, **overrides})
+  api.check_draft(ds, getattr(args, "draft", None))
+  return ds
 
 
 def parse_ngram_caps(text: str) -> tuple[int, ...]:
-  from specjax.errors import SpecjaxError
-  if text.strip().lower() in ("", "none"):
-    return ()
-  try:
-    return tuple(int(c) for c in text.split(","))
-  except ValueError:
-    raise SpecjaxError(f"--ngram-caps takes counts separated by commas, like 1,3 (or 'none'), got '{text}'")
+  from specjax.runtime.request import parse_ngram_caps as parse
+  return parse(text)
 
 
 def drafter_kwargs(args) -> dict:
@@ -261,7 +257,7 @@ def head_kwargs(args) -> dict:
   """``head_weights`` from ``--draft-weights`` when the drafter is a trained head (a draft model takes the
   flag when it is loaded, ``load_draft``)."""
   w = getattr(args, "draft_weights", None)
-  if w in (None, "auto") or drafters().get(args.drafter).draft != "head":
+  if w in (None, "auto") or not drafters().get(args.drafter).head:
     return {}
   return {"head_weights": w}
 
@@ -273,31 +269,16 @@ def index_kwargs(args) -> dict:
 
 
 def check_drafter(args) -> None:
-  """Everything about the drafter and the tree that can fail without a model: before any loading."""
-  from specjax import api
-  from specjax.errors import SpecjaxError
-  kind = drafters().get(args.drafter)       # an unknown name: one line listing the names
-  parse_ngram_caps(args.ngram_caps)
-  from specjax.runtime.builder import check_index_tokens
-  check_index_tokens(kind, getattr(args, "index_tokens", None))
+  """Everything about the drafter and the tree that can fail without a model, for the commands that hand the
+  flags on to a library call (``bench``, ``serve``, ...): the decode of each ``--tree`` (``decode_spec``),
+  ``--buckets`` and ``--adapt``, all before any loading."""
+  trees = args.tree if isinstance(getattr(args, "tree", None), list) else [getattr(args, "tree", None)]
+  for tree in trees:
+    acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else getattr(args, "acceptance", None)
+    decode_spec(args, tree=tree, acceptance=acc)
   if getattr(args, "buckets", None) is not None:
     parse_buckets(args.buckets)
   adapter_factory(args)                     # --adapt with a drafter that has no head, bad settings
-  draft = getattr(args, "draft", None)
-  if draft and kind.draft is None:
-    raise SpecjaxError(f"--draft is only used with {drafters().draft_flag_help()} (got --drafter {args.drafter})")
-  if draft and kind.draft == "head":        # a directory that is not a drafter fails before the target loads
-    from specjax.checkpoints import drafter_io
-    drafter_io.read_config(draft)
-  elif draft and kind.draft_model:          # so does a draft model path that does not exist
-    from specjax.checkpoints import catalog as registry
-    if draft not in registry.KNOWN_MODELS:
-      registry.resolve(draft)
-  if getattr(args, "tree", None) is not None or getattr(args, "acceptance", None) is not None:
-    trees = args.tree if isinstance(args.tree, list) else [args.tree]
-    for tree in trees:
-      acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else args.acceptance
-      api.resolve_tree(tree, acc, drafter=args.drafter, max_len=args.max_len or api.AUTO_MAX_LEN_LIMIT)
 
 
 def default_max_len(args) -> int:

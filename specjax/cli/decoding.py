@@ -81,16 +81,14 @@ def register(sub) -> dict:
 
 def cmd_generate(args) -> int:
   from specjax import api
-  from specjax.prompts import Prompt, load_prompts
-  common.check_drafter(args)
-  prompts = ([Prompt(0, "", args.prompt)] if args.prompt is not None
-             else load_prompts(args.prompts, args.category, args.limit))
+  ds = common.decode_spec(args)              # every check that needs no model, once
+  prompts = ([api.Prompt(0, "", args.prompt)] if args.prompt is not None
+             else api.load_prompts(args.prompts, args.category, args.limit))
   m = common.load_model(args)
-  draft = common.load_draft(args)
-  outputs, stats = api.generate(m, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                batch_size=args.batch_size, max_len=args.max_len, progress=True,
-                                **common.drafter_kwargs(args), draft=draft, mesh=args.mesh)
+  draft = common.load_draft(args, m, ds)
+  outputs, stats = api.generate(m, prompts, spec_=ds, draft=draft, max_new_tokens=args.max_new_tokens,
+                                seed=args.seed, batch_size=args.batch_size, max_len=args.max_len, progress=True,
+                                mesh=args.mesh)
   stats.update(common.executables())
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
                         for o in outputs], "stats": stats}
@@ -134,7 +132,7 @@ def cmd_bench(args) -> int:
   prompts = load_prompts(args.prompts, args.category, args.limit, args.per_category)
   m = common.load_model(args)
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                    max_len=args.max_len, ignore_eos=args.ignore_eos, draft=common.load_draft(args),
+                    max_len=args.max_len, ignore_eos=args.ignore_eos, draft=common.load_draft(args, m),
                     repeats=args.repeats, paired=args.schedule == "paired", log=common.log, mesh=args.mesh,
                     **common.drafter_kwargs(args))
   res.update(common.executables())
@@ -170,7 +168,7 @@ def cmd_acceptance_vector(args) -> int:
   from specjax.prompts import load_prompts
   common.check_drafter(args)
   if not common.drafters().get(args.drafter).speculates:
-    raise SpecjaxError("acceptance-vector measures a drafter: pass --drafter ngram, layerskip or model")
+    raise SpecjaxError(f"acceptance-vector measures a drafter: pass {common.drafters().speculating_help()}")
   if args.ranks < 1:
     raise SpecjaxError(f"--ranks must be >= 1, got {args.ranks}")
   if args.depths < 1:
@@ -180,7 +178,7 @@ def cmd_acceptance_vector(args) -> int:
   res = api.acceptance_vector(m, prompts, drafter=args.drafter, ranks=args.ranks, depths=args.depths,
                               max_new_tokens=args.max_new_tokens, max_len=common.default_max_len(args),
                               batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,
-                              draft=common.load_draft(args), ngram_caps=common.parse_ngram_caps(args.ngram_caps), progress=True,
+                              draft=common.load_draft(args, m), ngram_caps=common.parse_ngram_caps(args.ngram_caps), progress=True,
                               **common.index_kwargs(args))
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:

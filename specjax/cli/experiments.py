@@ -173,7 +173,7 @@ def cmd_eval_code(args) -> int:
     common.check_drafter(args)
     m = common.load_model(args)
     outputs, _ = api.generate(m, tasks, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                              max_len=args.max_len, progress=True, **common.drafter_kwargs(args), draft=common.load_draft(args))
+                              max_len=args.max_len, progress=True, **common.drafter_kwargs(args), draft=common.load_draft(args, m))
     label = args.drafter if common.drafters().get(args.drafter).speculates else "autoregressive"
     replies = [(label, str(o.question_id), o.text) for o in outputs]
   res = codeeval.evaluate_all(tasks, replies, timeout_s=args.timeout)

@@ -24,8 +24,8 @@ from specjax.models import buffers, decode
 from specjax.parallel import distributed
 from specjax.measure import provenance
 from specjax.measure import paired as paired_lib
-from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, check_memory, compile_generate,
-                         device_inputs, encode_prompts, on_mesh, resolve_tree, spec_metrics)
+from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, check_memory,
+                         device_inputs, run_batch, encode_prompts, on_mesh, resolve_tree, spec_metrics)
 from specjax.errors import SpecjaxError
 from specjax.models.kv_cache import cache_bytes
 from specjax.measure import calibrate
@@ -51,30 +51,17 @@ class Timer:
     return {"compile_s": self.compile_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s}
 
 
-def _compiled(m: Model, engine, draft_params, arr, max_len: int, timer: Timer):
-  init_fn, loop_fn, seconds = compile_generate(m, engine, arr.shape[0], arr.shape[1], max_len, draft_params,
-                                               log=lambda msg: timer.log(f"[bench] {msg}"))
-  timer.compile_s += seconds
-  return init_fn, loop_fn
-
-
 def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int, max_len: int, k_max: int,
                         timer: Timer):
   """Prefill (timed apart), then the decode loop alone, timed: (decode seconds, final state)."""
   B = arr.shape[0]
-  init_fn, loop_fn = _compiled(m, engine, draft_params, arr, max_len, timer)
-  t0 = time.perf_counter()
-  cache, (*inputs, k_active) = device_inputs(m, B, max_len, arr, lens, np.full((B,), max_new, np.int32),
-                                            np.full((B,), k_max, np.int32))
-  state = init_fn(m.prefill_params, draft_params, cache, *inputs, jax.random.PRNGKey(0))
-  jax.block_until_ready((state, k_active))
-  t1 = time.perf_counter()
-  res = loop_fn(m.exec_params, draft_params, state, k_active)
-  jax.block_until_ready(res.seq_BxS)
-  t2 = time.perf_counter()
-  timer.prefill_s += t1 - t0
-  timer.decode_s += t2 - t1
-  return t2 - t1, res
+  run = run_batch(m, engine, draft_params, arr, lens, np.full((B,), max_new, np.int32),
+                  np.full((B,), k_max, np.int32), jax.random.PRNGKey(0), max_len,
+                  log=lambda msg: timer.log(f"[bench] {msg}"))
+  timer.compile_s += run.compile_s
+  timer.prefill_s += run.prefill_s
+  timer.decode_s += run.decode_s
+  return run.decode_s, run.result
 
 
 @dataclasses.dataclass
@@ -207,7 +194,9 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
   timer = timer or Timer()
   B = arr.shape[0]
   K = engine.k_max
-  init_fn, _ = _compiled(m, engine, draft_params, arr, max_len, timer)
+  init_fn, _, seconds = m.executables.for_batch(m, engine, B, arr.shape[1], max_len, draft_params,
+                                                log=lambda msg: timer.log(f"[bench] {msg}"))
+  timer.compile_s += seconds
   cache, inputs = device_inputs(m, B, max_len, arr, lens, np.full((B,), 2, np.int32))
   state = init_fn(m.prefill_params, draft_params, cache, *inputs, jax.random.PRNGKey(0))
   lengths = state.cache.lengths

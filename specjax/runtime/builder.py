@@ -6,7 +6,7 @@ experiments all build here, so a drafter, a tree or a check added once reaches e
 
   spec = DecodeSpec(drafter="model", k=5)                  # or tree="sequoia:16", acceptance=FILE
   d = build(m, spec, eos_ids=eos, prompt_lens=[120, 300], max_new_tokens=256, batch_size=2)
-  d.engine, d.draft_params, d.k_max, d.max_len             # what compile_generate and the loop take
+  d.engine, d.draft_params, d.k_max, d.max_len             # what compiled.run_batch takes
 """
 from __future__ import annotations
 
@@ -22,15 +22,10 @@ from specjax.models.buffers import DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
 from specjax.progress import say
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary
-from specjax.runtime.compiled import make_engine
 from specjax.runtime.loaded import Model, load
-from specjax.runtime.trees import TreeChoice, resolve_tree, tree_stats
+from specjax.runtime.request import DEFAULT_NGRAM_CAPS, DecodeSpec, check_index_tokens, parse_ngram_caps
+from specjax.runtime.request import TreeChoice, tree_stats
 from specjax.speculative import registry as drafter_registry
-
-
-# Draft at most 1 token after a 1-token n-gram match and 3 after a 2-token one (k after longer matches).
-# Chosen by replaying prompt lookup on greedy outputs (docs/BENCHMARKS.md, "Verification widths").
-DEFAULT_NGRAM_CAPS = (1, 3)
 
 
 def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
@@ -46,81 +41,81 @@ def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
   return layers
 
 
-def build_drafter(m: Model, drafter: str = "none", *, k: int = 4, ngram: int = 3, draft_layers=None,
-                  draft: "Model | str | None" = None, max_len: int = DEFAULT_MAX_LEN,
-                  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, depth: int | None = None,
-                  index_tokens: int | None = None, head_weights: str | None = None):
-  """(drafter, draft_params, k_max) for a drafter name; bad combinations raise SpecjaxError.
-  ``index_tokens``: a learning drafter's index size in token slots (``--drafter suffix``; default 65,536).
+def build_drafter(m: Model, ds: DecodeSpec, *, max_len: int, draft: "Model | str | None" = None):
+  """(drafter, draft_params, k_max) of the checked spec ``ds`` for the target ``m`` and a buffer of
+  ``max_len`` slots: N = the tree's nodes or k; the deepest node drafted is the tree's depth (k for a chain).
 
-  ``draft``: the draft model (``model``) or a trained drafter's directory (``eagle``).  ``depth``: the
-  deepest tree node drafted (default k, a chain).  ``head_weights``: a trained head's weight type (fp32, bf16,
-  int8, int4; default the target's), see ``_eagle_head``.
-
-  ``ngram_caps``: proposals allowed after an n-gram match of only 1, 2, ... tokens (see ``NgramDrafter``);
-  ``None`` or ``()`` drafts k after any match."""
+  ``draft``: the draft model (a kind that runs one; default the registry's) or a trained drafter's directory
+  (a head kind), its matrices at ``ds.head_weights`` (default the target's, see ``_eagle_head``)."""
   buckets = buffers.kv_buckets(max_len)
-  kind = drafter_registry.get(drafter)
-  check_index_tokens(kind, index_tokens)
+  kind, k = ds.kind, ds.nodes
   if not kind.speculates:
     return drafter_registry.build(kind, m.cfg, m.exec_params, k=0, depth=None, buckets=buckets) + (0,)
-  if k < 1:
-    raise SpecjaxError(f"--k must be >= 1 for drafter '{drafter}', got {k}")
   if k + 2 > max_len:
     raise SpecjaxError(f"--k {k} needs {k + 1} speculative slots per step, more than the KV cache of "
                        f"{max_len} positions allows: lower --k or raise --max-len")
-  if kind.ngram and ngram < 1:
-    raise SpecjaxError(f"--ngram must be >= 1, got {ngram}")
-  caps = tuple(int(c) for c in (ngram_caps or ())) if kind.ngram_caps else ()
-  if any(c < 0 for c in caps):
-    raise SpecjaxError(f"--ngram-caps must be counts >= 0, got {','.join(map(str, caps))}")
-  if not kind.trees and depth not in (None, k):
-    raise SpecjaxError(f"drafter '{drafter}' drafts chains only: drop --tree (or give chain:K)")
-  if head_weights is not None and kind.draft != "head":
-    raise SpecjaxError(f"--draft-weights for drafter '{drafter}' is a trained head's weight type; "
-                       f"drafter '{drafter}' has no head: drop it (a draft model takes its type when loaded)")
   inputs: dict = {}
   if kind.layers:
-    inputs["layers"] = parse_layers(draft_layers, m.cfg.num_layers)
-  if kind.draft == "head":
-    inputs["head"] = _eagle_head(m, draft, head_weights)
+    inputs["layers"] = parse_layers(ds.draft_layers, m.cfg.num_layers)
+  if kind.head:
+    inputs["head"] = _eagle_head(m, draft, ds.head_weights)
   if kind.draft_model:
     if draft is None:
       draft = default_draft_model(m)
     check_same_vocabulary(m, draft)
     # The draft runs inside the target's program: with its backends (its mesh, where the target is sharded).
     inputs.update(draft_cfg=draft.cfg.replace(backends=m.cfg.backends), draft_params=draft.exec_params)
+  depth = ds.choice.shape.max_depth if ds.choice is not None else None
   d_obj, d_params = drafter_registry.build(kind, m.cfg, m.exec_params, k=k, depth=depth, buckets=buckets,
-                                           ngram=ngram, ngram_caps=caps, index_tokens=index_tokens, **inputs)
+                                           ngram=ds.ngram, ngram_caps=ds.ngram_caps, index_tokens=ds.index_tokens,
+                                           **inputs)
   return d_obj, d_params, k
 
 
-def check_index_tokens(kind: drafter_registry.Kind, index_tokens: int | None) -> None:
-  """``--index-tokens`` sizes a learning drafter's index: refused with any other drafter, or below 1."""
-  if index_tokens is None:
-    return
-  if not kind.learns:
-    learning = ", ".join(n for n, k in drafter_registry.KINDS.items() if k.learns)
-    raise SpecjaxError(f"--index-tokens sizes the index of --drafter {learning}; drafter '{kind.name}' keeps "
-                       "none: drop it")
-  if index_tokens < 1:
-    raise SpecjaxError(f"--index-tokens must be >= 1 token slot, got {index_tokens}")
+def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
+                max_len: int, tree=None) -> spec.Engine:
+  """``tree``: the engine's shape (``TreeChoice.shape``: a StaticTree or a DynamicShape with k_max nodes);
+  None drafts the chain of k_max."""
+  return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
+                     buckets=buffers.kv_buckets(max_len), tree=tree)
 
 
 def default_draft_model(m: Model) -> Model:
   """The registry's draft for the target ``m`` (loaded once, in the target's dtype and weight type, and kept
   with it)."""
-  from specjax.checkpoints import catalog as registry
-  name = registry.default_draft(m.source)
+  return load_draft(m, DecodeSpec(drafter="model"))
+
+
+def load_draft(m: Model, ds: DecodeSpec, draft=None, weights: str | None = None, log=say):
+  """The draft of ``ds`` for the target ``m``: a loaded draft model (``draft``: a registry name or path; None:
+  the registry's draft for ``m``, kept with ``m`` so a second decode loads none) at ``weights`` (default: the
+  target's weight type and dtype), a trained drafter's directory (a head kind: passed on, loaded by the
+  builder), or None (a kind without a draft)."""
+  kind = ds.kind
+  if kind.head:
+    if not draft:
+      raise SpecjaxError(f"--drafter {ds.drafter} needs --draft DIR (a trained drafter; `specjax models` lists "
+                         "them, `specjax train configs/eagle_smollm2.gin` makes one)")
+    return draft
+  if not kind.draft_model:
+    return None
+  if draft is not None and not isinstance(draft, (str, os.PathLike)):
+    return draft                              # already loaded
+  name = draft
   if name is None:
-    raise SpecjaxError(f"drafter 'model' needs a draft model: pass --draft MODEL ('{m.source}' has no default "
-                       "draft in the registry; `specjax models` lists them)")
-  key = ("default-draft", name)
-  if key not in m._compiled:
-    say(f"drafter 'model': loading the registry's draft for {m.source}, {name}")
-    m._compiled[key] = (load(name, dtype=str(m.dtype), weights=m.weights) if quant.holds_quantized(getattr(m, "params", {}))
-                        else load(name, dtype=str(m.dtype)))
-  return m._compiled[key]
+    from specjax.checkpoints import catalog
+    name = catalog.default_draft(m.source)
+    if name is None:
+      raise SpecjaxError(f"drafter '{ds.drafter}' needs a draft model: pass --draft MODEL ('{m.source}' has no "
+                         "default draft in the registry; `specjax models` lists them)")
+    log(f"drafter '{ds.drafter}': the registry's draft for {m.source} is {name}")
+  if weights in (None, "auto"):
+    weights = m.weights if quant.holds_quantized(getattr(m, "params", {})) else None
+  key = ("draft", str(name), weights)
+  if key not in m.companions:
+    log(f"loading draft {name}")
+    m.companions[key] = load(str(name), dtype=str(m.dtype), **({} if weights is None else {"weights": weights}))
+  return m.companions[key]
 
 
 def _eagle_head(m: Model, draft, weights: str | None = None):
@@ -140,12 +135,12 @@ def _eagle_head(m: Model, draft, weights: str | None = None):
   if weights not in quant.KINDS:
     raise SpecjaxError(f"unknown head weight type '{weights}': use one of {', '.join(quant.KINDS)}")
   key = ("eagle-params", os.path.abspath(draft), weights)
-  if key not in m._compiled:
+  if key not in m.companions:
     ecfg, params, _ = drafter_io.load_drafter(draft, m.cfg, m.params, m.tokenizer, m.source)
     params = quantize_head(params, weights)
     exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
-    m._compiled[key] = (ecfg, exec_params)
-  return m._compiled[key]
+    m.companions[key] = (ecfg, exec_params)
+  return m.companions[key]
 
 
 def quantize_head(params: dict, kind: str) -> dict:
@@ -160,25 +155,6 @@ def quantize_head(params: dict, kind: str) -> dict:
     if w is not None and not quant.is_quantized(w):
       out[name] = quant.quantize_matrix(name, w, kind)
   return out
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-  """A decode, described: the drafter and its settings, k drafts per step or a tree, the sampling rule."""
-  drafter: str = "none"
-  k: int = 4                                   # drafts per step (a chain); a tree's N replaces it
-  tree: Any = None                             # a spec text (chain:K, branch:…, sequoia:N, dynamic:N) or TreeSpec
-  acceptance: Any = None                       # sequoia's acceptance vector: a file or a list
-  ngram: int = 3                               # n-gram / hybrid: the match length looked up
-  ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS
-  draft_layers: Any = None                     # layer-skip: a count or layer indices
-  sampling: sampling.SamplingParams = sampling.SamplingParams()
-  index_tokens: int | None = None              # suffix: the index's token slots (None: the drafter's default)
-  head_weights: str | None = None              # eagle*: the trained head's weight type (None: the target's)
-
-  @property
-  def kind(self) -> drafter_registry.Kind:
-    return drafter_registry.get(self.drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,17 +213,14 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
   to fit; with ``batch_size`` the memory bill (buffers of ``max_len`` slots) must fit
   ``memory_budget`` (default: the device's).  Every bad setting raises a one-line SpecjaxError before anything
   is allocated or compiled."""
-  kind = ds.kind
+  kind, choice = ds.kind, ds.choice
   if kind.draft_model and draft is None:
     draft = default_draft_model(m)             # the registry's draft for the target (or a clear error)
-  choice = resolve_tree(ds.tree, ds.acceptance, drafter=ds.drafter, max_len=max_len or buffers.AUTO_MAX_LEN_LIMIT)
-  nodes = (choice.num_nodes if choice else ds.k) if kind.speculates else 0
   if max_len is None:
-    max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, max(nodes, 0))
-  d_obj, d_params, k_max = build_drafter(
-      m, ds.drafter, k=choice.num_nodes if choice else ds.k, ngram=ds.ngram, draft_layers=ds.draft_layers,
-      draft=draft, depth=choice.shape.max_depth if choice else None, max_len=max_len, ngram_caps=ds.ngram_caps,
-      index_tokens=ds.index_tokens, head_weights=ds.head_weights)
+    max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, ds.nodes)
+  elif choice is not None:
+    choice.spec.check_budget(max_len - 2)      # node i is verified at slot length + i
+  d_obj, d_params, k_max = build_drafter(m, ds, max_len=max_len, draft=draft)
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)
   if batch_size is not None:

@@ -16,6 +16,7 @@ from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
 from specjax.kernels import dispatch
 from specjax.runtime import huge_pages
+from specjax.runtime.compiled import Executables
 
 
 @dataclasses.dataclass
@@ -32,7 +33,10 @@ class Model:
   exec_params: Any = None
   load_s: float = 0.0          # seconds ``load`` took (reading or converting weights, building the tokenizer)
   mesh: Any = None             # a jax Mesh when the parameters are sharded over devices (``on_mesh``)
-  _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+  executables: Executables = dataclasses.field(default_factory=Executables, repr=False)
+  companions: dict = dataclasses.field(default_factory=dict, repr=False)
+  """Models and heads loaded for this target (the registry's draft, a trained head at a weight type), kept
+  with it so that a second decode loads none of them again."""
 
   def __post_init__(self):
     if self.exec_params is None:
@@ -71,7 +75,8 @@ def on_mesh(m: Model, mesh) -> Model:
   mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
   params = sharding.shard_params(m.params, mesh)
   cfg = m.cfg.replace(backends=dispatch.resolve(mesh))     # the native kernels step aside on several devices
-  return dataclasses.replace(m, cfg=cfg, params=params, exec_params=params, mesh=mesh, _compiled={})
+  return dataclasses.replace(m, cfg=cfg, params=params, exec_params=params, mesh=mesh,
+                             executables=Executables(), companions={})
 
 
 def default_exec_params(params):

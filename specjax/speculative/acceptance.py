@@ -13,8 +13,20 @@ A rule is called as ``rule(tree, target_logits_BxN1xV, q_BxN1xV, key, sp, withou
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
-from specjax.speculative.trees.device import TreeAcceptance, accept_greedy, accept_sampling
+import jax
+
+from specjax.speculative.trees.device import Tree, TreeAcceptance, accept_greedy, accept_sampling
+
+
+class AcceptanceRule(Protocol):
+  """What the engine calls: the accepted path and the next token of each sequence's tree."""
+
+  def __call__(self, tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.Array | None,
+               key: jax.Array, sp, without_replacement: bool) -> TreeAcceptance:
+    """``q_BxN1xV``: the distribution each node's children were drawn from (``Draft.q``; None:
+    deterministic); ``key``: one, or one per row; ``sp``: ``SamplingParams`` or per-row ``RowSampling``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,5 +48,5 @@ class SpeculativeSampling:
     return accept_sampling(tree, target_logits, q, key, sp, without_replacement, self.residual_update)
 
 
-def rule_for(sp):
+def rule_for(sp) -> GreedyAcceptance | SpeculativeSampling:
   return GreedyAcceptance() if sp.greedy else SpeculativeSampling()

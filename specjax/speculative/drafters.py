@@ -1,13 +1,9 @@
 """Drafters: fill a token tree per sequence (with its draft distributions), then follow the commit.
 
-Interface (frozen dataclasses: static, hashable; parameters and state are pytrees passed in and returned):
+What every drafter offers the engine (``init``, ``propose``, ``commit``, ``forwards``, ...) is the ``Drafter``
+protocol in ``protocol.py``; the other drafters live beside this module (``registry.py`` lists them all).
 
-  init(draft_params, prompt_BxP, prompt_lens_B, max_len)                     -> state
-  propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)  -> (state, Draft)
-  commit(state, lengths_B, path_slots_BxD1, new_lengths_B)                   -> state
-  forwards(shape)                                                            -> draft forwards per propose
-
-``shape`` is a static tree (``tree_shapes.StaticTree``: chain, branching, paths, Sequoia) or a
+``propose``'s ``shape`` is a static tree (``tree_shapes.StaticTree``: chain, branching, paths, Sequoia) or a
 ``DynamicShape`` (the tree is chosen each step).  ``lengths_B`` is the target cache's committed length:
 ``seq_BxS[:, :lengths+1]`` is known and ``seq[b, lengths[b]] == last_B[b]`` is the newest token — the tree's root,
 not yet in any cache.  The node of rank r below a node is the drafter's r-th choice there.  ``Draft.q`` holds,
@@ -200,11 +196,11 @@ class ModelDrafter:
         if feats is not None:
           feats = feats.at[:, expanding].set(feat_W)
       children = np.flatnonzero(depths == d)
-      C = int(ranks[children].max()) + 1
-      chosen_BxWxC, q, drawn_BxWxC = sample_children(keys[d - 1], logits_BxWxV, C, sp)
+      K = int(ranks[children].max()) + 1
+      chosen_BxWxK, q, drawn_BxWxK = sample_children(keys[d - 1], logits_BxWxV, K, sp)
       row = np.asarray([expanding.index(int(parents[i])) for i in children])
-      tokens = tokens.at[:, children].set(chosen_BxWxC[:, row, ranks[children]])
-      valid = valid.at[:, children].set(drawn_BxWxC[:, row, ranks[children]] & valid[:, parents[children]])
+      tokens = tokens.at[:, children].set(chosen_BxWxK[:, row, ranks[children]])
+      valid = valid.at[:, children].set(drawn_BxWxK[:, row, ranks[children]] & valid[:, parents[children]])
       if q is not None:
         q_all = q_all.at[:, expanding].set(q)
     return self._with_cache(state, cache), _static_draft(shape, tokens, valid, q=q_all)
@@ -224,20 +220,20 @@ class ModelDrafter:
     cand_tok = [last_B[:, None], tok.astype(jnp.int32)]
     cand_score = [jnp.zeros((B, 1)), score]
     cand_parent = [jnp.full((B, 1), -1, jnp.int32), jnp.zeros((B, k), jnp.int32)]
-    M = 1 + shape.candidates
-    slot_of = jnp.zeros((B, M), jnp.int32)         # draft slot of each candidate that was fed (else unused)
+    n_ids = 1 + shape.candidates                   # candidate ids: the root, then every candidate
+    slot_of = jnp.zeros((B, n_ids), jnp.int32)         # draft slot of each candidate that was fed (else unused)
     front_id = jnp.broadcast_to(jnp.arange(1, k + 1, dtype=jnp.int32), (B, k))     # candidate ids
     front_score, front_tok = score, tok.astype(jnp.int32)
     front_anc = jnp.zeros((B, k, U), bool).at[:, :, 0].set(True)                   # root
-    rows_B1, rows_1k = jnp.arange(B)[:, None], jnp.arange(k)[None, :]
+    rows_Bx1, rows_1xW = jnp.arange(B)[:, None], jnp.arange(k)[None, :]
     n_cand = 1 + k
     for d in range(2, D + 1):
       slots = jnp.broadcast_to(1 + (d - 2) * k + jnp.arange(k, dtype=jnp.int32), (B, k))
-      front_anc = front_anc.at[rows_B1, rows_1k, slots].set(True)
-      slot_of = slot_of.at[rows_B1, front_id].set(slots)
-      logits_BxkxV, feat_k, cache = self._extend(draft_params, cache, front_tok, d - 1, slots, front_anc,
+      front_anc = front_anc.at[rows_Bx1, rows_1xW, slots].set(True)
+      slot_of = slot_of.at[rows_Bx1, front_id].set(slots)
+      logits_BxWxV, feat_W, cache = self._extend(draft_params, cache, front_tok, d - 1, slots, front_anc,
                                                  front_feat)
-      lp, ctok = jax.lax.top_k(logprobs(logits_BxkxV), k)                             # [B, k, k]
+      lp, ctok = jax.lax.top_k(logprobs(logits_BxWxV), k)                             # [B, W, K] (W = K = k)
       cscore = (front_score[:, :, None] + lp).reshape(B, k * k)
       cand_tok.append(ctok.reshape(B, k * k).astype(jnp.int32))
       cand_score.append(cscore)
@@ -247,8 +243,8 @@ class ModelDrafter:
         front_id = n_cand + best.astype(jnp.int32)
         front_tok = jnp.take_along_axis(cand_tok[-1], best, axis=1)
         front_anc = jnp.take_along_axis(front_anc, (best // k)[:, :, None], axis=1)
-        if feat_k is not None:
-          front_feat = jnp.take_along_axis(feat_k, (best // k)[:, :, None], axis=1)
+        if feat_W is not None:
+          front_feat = jnp.take_along_axis(feat_W, (best // k)[:, :, None], axis=1)
       n_cand += k * k
     tok_all = jnp.concatenate(cand_tok, axis=1)
     score_all = jnp.concatenate(cand_score, axis=1)
@@ -303,11 +299,11 @@ class NgramDrafter:
     return 0
 
   def candidates(self, seq_BxS, lengths_B, D: int):
-    """Continuations [B, C, D] and their lengths [B, C], best first (C = occurrences x n-gram sizes)."""
+    """Continuations [B, R, D] and their lengths [B, R], best first (R = occurrences x n-gram sizes)."""
     B, S = seq_BxS.shape
     L_B = lengths_B                                   # index of the newest known token
     i_S = jnp.arange(S)
-    R = min(self.occurrences, S)
+    per_n = min(self.occurrences, S)                  # occurrences kept per n-gram size
     toks, lens = [], []
     for n in range(self.max_ngram, self.min_ngram - 1, -1):
       match = jnp.ones((B, S), bool)
@@ -319,7 +315,7 @@ class NgramDrafter:
       ok = match & (i_S[None, :] + n - 1 < L_B[:, None]) & (L_B[:, None] >= n - 1)
       avail = jnp.clip(L_B[:, None] + 1 - (i_S[None, :] + n), 0, D)          # known tokens that follow
       rank = jnp.where(ok, jnp.where(avail >= D, S + i_S[None, :], S - i_S[None, :]), -1)
-      top, occ = jax.lax.top_k(rank, R)                                        # [B, R]
+      top, occ = jax.lax.top_k(rank, per_n)                                    # [B, per_n]
       cap = self.match_caps[n - 1] if n <= len(self.match_caps) else D
       start = occ + n
       lens.append(jnp.where(top >= 0, jnp.minimum(jnp.take_along_axis(avail, occ, axis=1), cap), 0))
@@ -334,9 +330,9 @@ class NgramDrafter:
     cand, clen = self.candidates(seq_BxS, lengths_B, shape.max_depth)
     if isinstance(shape, DynamicShape):
       return state, _trie(cand, clen, last_B, shape.num_nodes)
-    C = cand.shape[1]
-    earlier = jnp.tril(jnp.ones((C, C), bool), -1)                             # earlier[c, c'] = c' < c
-    through = [jnp.ones((B, C), bool)]                                         # candidates through node i
+    R = cand.shape[1]
+    earlier = jnp.tril(jnp.ones((R, R), bool), -1)                             # earlier[c, c'] = c' < c
+    through = [jnp.ones((B, R), bool)]                                         # candidates through node i
     tokens, valid = [last_B], [jnp.ones((B,), bool)]
     for i in range(1, N1):
       p, r, d = shape.parents[i], shape.ranks[i], shape.depths[i]
@@ -357,36 +353,36 @@ class NgramDrafter:
     return state
 
 
-def _trie(cand_BxCxD, clen_BxC, last_B, N: int) -> Draft:
+def _trie(cand_BxRxD, clen_BxR, last_B, N: int) -> Draft:
   """The first N nodes of the trie of the candidates, taking them best first, in BFS order."""
-  B, C, D = cand_BxCxD.shape
+  B, R, D = cand_BxRxD.shape
   d_D = jnp.arange(D)
-  live = d_D[None, None, :] < clen_BxC[:, :, None]                                         # [B, C, D]
-  same = jnp.cumprod(cand_BxCxD[:, :, None, :] == cand_BxCxD[:, None, :, :], axis=3).astype(bool)
-  same &= live[:, :, None, :] & live[:, None, :, :]                                         # [B, C, C', D]
+  live = d_D[None, None, :] < clen_BxR[:, :, None]                                         # [B, R, D]
+  same = jnp.cumprod(cand_BxRxD[:, :, None, :] == cand_BxRxD[:, None, :, :], axis=3).astype(bool)
+  same &= live[:, :, None, :] & live[:, None, :, :]                                         # [B, R, R', D]
   owner = jnp.argmax(same, axis=2).astype(jnp.int32)                     # the first candidate with the prefix
-  new = live & (owner == jnp.arange(C)[None, :, None])                   # [B, C, D]: a trie node of its own
-  flat_new = new.reshape(B, C * D)                                       # candidate-major order
+  new = live & (owner == jnp.arange(R)[None, :, None])                   # [B, R, D]: a trie node of its own
+  flat_new = new.reshape(B, R * D)                                       # candidate-major order
   keep = flat_new & (jnp.cumsum(flat_new, axis=1) <= N)
-  depth_f = jnp.tile(d_D, C)[None, :]
-  f = jnp.arange(C * D)[None, :]
-  order = jnp.argsort(jnp.where(keep, depth_f * C * D + f, 2 * C * D * D), axis=1)[:, :N]  # BFS, [B, N]
+  depth_f = jnp.tile(d_D, R)[None, :]
+  f = jnp.arange(R * D)[None, :]
+  order = jnp.argsort(jnp.where(keep, depth_f * R * D + f, 2 * R * D * D), axis=1)[:, :N]  # BFS, [B, N]
   kept = jnp.take_along_axis(keep, order, axis=1)
-  node_of = jnp.zeros((B, C * D), jnp.int32).at[jnp.arange(B)[:, None], order].set(
+  node_of = jnp.zeros((B, R * D), jnp.int32).at[jnp.arange(B)[:, None], order].set(
       jnp.broadcast_to(jnp.arange(1, N + 1, dtype=jnp.int32), (B, N)))
   c_of, d_of = order // D, order % D
-  parent_flat = jnp.take_along_axis(owner.reshape(B, C * D), c_of * D + jnp.maximum(d_of - 1, 0), axis=1) * D \
+  parent_flat = jnp.take_along_axis(owner.reshape(B, R * D), c_of * D + jnp.maximum(d_of - 1, 0), axis=1) * D \
       + jnp.maximum(d_of - 1, 0)
   parents = jnp.where(d_of == 0, 0, jnp.take_along_axis(node_of, parent_flat, axis=1))
-  tokens = jnp.take_along_axis(cand_BxCxD.reshape(B, C * D), order, axis=1)
+  tokens = jnp.take_along_axis(cand_BxRxD.reshape(B, R * D), order, axis=1)
   root = lambda x, v: jnp.concatenate([jnp.full((B, 1), v, x.dtype), x], axis=1)
   return Draft(root(tokens, 0).at[:, 0].set(last_B), root(parents.astype(jnp.int32), -1),
                root(kept, True), None, None)
 
 
-def propose_chain(drafter, draft_params, state, seq_BxS, lengths_B, last_B, K: int, key, sp):
-  """A chain of K proposals as (state, tokens [B, K], live count [B]): the chain:K tree read as a list."""
-  state, d = drafter.propose(draft_params, state, seq_BxS, lengths_B, last_B, tree_shapes.chain(K), key, sp)
+def propose_chain(drafter, draft_params, state, seq_BxS, lengths_B, last_B, N: int, key, sp):
+  """A chain of N proposals as (state, tokens [B, N], live count [B]): the chain of N nodes read as a list."""
+  state, d = drafter.propose(draft_params, state, seq_BxS, lengths_B, last_B, tree_shapes.chain(N), key, sp)
   live = jnp.sum(jnp.cumprod(d.valid_BxN1[:, 1:], axis=1), axis=1).astype(jnp.int32)
   return state, d.tokens_BxN1[:, 1:], live
 

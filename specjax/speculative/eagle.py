@@ -3,14 +3,14 @@
 At position t the drafter reads the token x_t and the feature g_{t-1} that produced it, and predicts the
 next feature; the target's (frozen) LM head turns that into the next token's distribution:
 
-    input_t  = fc([embed(x_t) ; g_{t-1}])                    fc: [D, 2D]
+    input_t  = fc([embed(x_t) ; g_{t-1}])                    fc: [M, 2M]
     h_t      = final_norm(layer(input_t, its own KV cache))   one Llama decoder layer (the project's own)
     logits_t = head(h_t)                                     the target's head rows (all, or a reduced set)
 
 g is the target's feature where the target has run (prefill, and every verified token), else the drafter's
-own h (deeper tree nodes).  The target feature is either its final hidden state (EAGLE; F = D) or, EAGLE-3
+own h (deeper tree nodes).  The target feature is either its final hidden state (EAGLE; F = M) or, EAGLE-3
 style, the residual stream after a low, a middle and a high layer, each RMS-normalised and fused by
-``fuse: [D, 3D]``.  Position 0 has no previous feature: g_{-1} = 0, in training and in the engine alike.
+``fuse: [M, 3M]``.  Position 0 has no previous feature: g_{-1} = 0, in training and in the engine alike.
 
 A reduced draft vocabulary keeps only ``head_ids`` (the target tokens most frequent on the training data):
 the head costs Vr/V of the full one, and the drafter's logits are scattered back to target ids with every
@@ -18,7 +18,7 @@ other token at a large negative value — under sampling q is exactly zero outsi
 rule stays lossless.
 
 Parameters: trainable ``fc``, ``fuse`` (fused features only), ``layers`` (one stacked layer, the model's
-layout) and ``final_norm``; frozen, from the target: ``embed`` [V, D], ``lm_head`` [Vr, D] and, when reduced,
+layout) and ``final_norm``; frozen, from the target: ``embed`` [V, M], ``lm_head`` [Vr, M] and, when reduced,
 ``head_ids`` [Vr].
 
 In the engine (``EagleDrafter``) the state is the drafter's one-layer KV cache plus the target features of
@@ -93,21 +93,21 @@ class EagleConfig:
 
 def init_trainable(ecfg: EagleConfig, key: jax.Array) -> dict:
   """Random trainable parameters (fc starts as [I ; I]-like: the embedding plus the feature)."""
-  D, F = ecfg.target.d_model, ecfg.feature_dim
+  M, F = ecfg.target.d_model, ecfg.feature_dim
   k_layer, k_fc, k_fuse = jax.random.split(key, 3)
   layer = model_lib.init_params(ecfg.layer_cfg.replace(vocab_size=8, tie_embeddings=True), k_layer)
-  eye = jnp.eye(D, dtype=jnp.float32)
-  fc = jnp.concatenate([eye, eye], axis=1) + jax.random.normal(k_fc, (D, 2 * D)) * (0.02 / math.sqrt(D))
-  params = {"fc": fc, "layers": layer["layers"], "final_norm": jnp.ones((D,), jnp.float32)}
+  eye = jnp.eye(M, dtype=jnp.float32)
+  fc = jnp.concatenate([eye, eye], axis=1) + jax.random.normal(k_fc, (M, 2 * M)) * (0.02 / math.sqrt(M))
+  params = {"fc": fc, "layers": layer["layers"], "final_norm": jnp.ones((M,), jnp.float32)}
   # The layer's output projections start small, so the first steps pass the input through.
   params["layers"]["wo"] = params["layers"]["wo"] * 0.1
   params["layers"]["w_down"] = params["layers"]["w_down"] * 0.1
   if ecfg.fused:
     n = len(ecfg.feature_layers)
     params["fuse"] = (jnp.tile(eye, (1, n)) / n
-                      + jax.random.normal(k_fuse, (D, F)) * (0.02 / math.sqrt(F)))
+                      + jax.random.normal(k_fuse, (M, F)) * (0.02 / math.sqrt(F)))
   if ecfg.parallel:      # the layer inputs of draft positions 2..K (P-EAGLE's placeholders)
-    params["placeholders"] = jax.random.normal(jax.random.fold_in(key, 7), (ecfg.parallel - 1, D)) * 0.02
+    params["placeholders"] = jax.random.normal(jax.random.fold_in(key, 7), (ecfg.parallel - 1, M)) * 0.02
   return params
 
 
@@ -129,14 +129,14 @@ def frozen_from_target(ecfg: EagleConfig, target_params, head_ids=None) -> dict:
 
 def normalized_taps(ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
   """Each tapped layer's residual stream RMS-normalised (float32, same shape): what ``fuse`` multiplies."""
-  D, n = ecfg.target.d_model, len(ecfg.feature_layers)
-  parts = feats_BxTxF.reshape(*feats_BxTxF.shape[:-1], n, D).astype(jnp.float32)
+  M, n = ecfg.target.d_model, len(ecfg.feature_layers)
+  parts = feats_BxTxF.reshape(*feats_BxTxF.shape[:-1], n, M).astype(jnp.float32)
   parts = parts * jax.lax.rsqrt(jnp.mean(parts * parts, axis=-1, keepdims=True) + ecfg.target.norm_eps)
   return parts.reshape(feats_BxTxF.shape)
 
 
 def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
-  """A target feature in the drafter's width D: as is (final hidden state), or each tapped layer
+  """A target feature in the drafter's width M: as is (final hidden state), or each tapped layer
   RMS-normalised and fused by ``fuse``."""
   if not ecfg.fused:
     return feats_BxTxF
@@ -146,17 +146,17 @@ def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Arr
   return jnp.einsum("...f,df->...d", taps, params["fuse"])
 
 
-def input_proj(params, tokens_BxT: jax.Array, g_BxTxD: jax.Array, backends=None) -> jax.Array:
-  """fc([embed(x) ; g]) [B, T, D] (``backends``: the drafter's, ``model.backends_of``)."""
+def input_proj(params, tokens_BxT: jax.Array, g_BxTxM: jax.Array, backends=None) -> jax.Array:
+  """fc([embed(x) ; g]) [B, T, M] (``backends``: the drafter's, ``model.backends_of``)."""
   e = quant.embed_rows(params["embed"], tokens_BxT, jnp.float32)
-  x = jnp.concatenate([e, g_BxTxD.astype(jnp.float32)], axis=-1)
+  x = jnp.concatenate([e, g_BxTxM.astype(jnp.float32)], axis=-1)
   B, T, _ = x.shape
   return model_lib.linear(x, params["fc"], backends=backends)
 
 
 def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.Array:
   """Draft logits over the target's vocabulary: a reduced head's rows scattered to their target ids, every
-  other token at ``model.MASK_VALUE`` (probability exactly 0 after softmax)."""
+  other token at ``attention.MASK_VALUE`` (probability exactly 0 after softmax)."""
   if not ecfg.reduced:
     return logits_BxTxVr
   return model_lib.scatter_to_vocab(logits_BxTxVr, params["head_ids"], ecfg.target.vocab_size)
@@ -170,7 +170,7 @@ def previous_features(feats_BxTxF: jax.Array) -> jax.Array:
 @struct.dataclass
 class EagleState:
   cache: KVCache          # the drafter's one-layer cache; entries before cache.lengths are final
-  feats_BxRxF: jax.Array  # target features g_{c-1}, g_c, ... of the tokens still to feed (c = cache.lengths)
+  feats_BxD1xF: jax.Array  # target features g_{c-1}, g_c, ... of the tokens still to feed (c = cache.lengths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +190,7 @@ class EagleDrafter(ModelDrafter):
     return self.ecfg.feature_layers
 
   @property
-  def pending(self) -> int:   # R
+  def pending(self) -> int:   # D1: the tokens one step can accept, whose features the next step feeds
     return self.max_depth + 1
 
   def init(self, draft_params, prompt_BxP, prompt_lens_B, max_len, target_features_BxPxF=None):
@@ -206,7 +206,7 @@ class EagleDrafter(ModelDrafter):
                             head_index_B=prompt_lens_B - 1, inputs_embeds_BxTxD=x)
     last_feat = jnp.take_along_axis(target_features_BxPxF, (prompt_lens_B - 1)[:, None, None], axis=1)
     feats = jnp.zeros((B, self.pending, self.ecfg.feature_dim), jnp.float32).at[:, :1].set(last_feat)
-    return EagleState(cache=out.cache.with_lengths(prompt_lens_B), feats_BxRxF=feats)
+    return EagleState(cache=out.cache.with_lengths(prompt_lens_B), feats_BxD1xF=feats)
 
   def state_bytes_per_seq(self, max_len: int) -> int:
     """Bytes ``init`` allocates per sequence: the one-layer cache and the pending target features (fp32)."""
@@ -219,7 +219,7 @@ class EagleDrafter(ModelDrafter):
     B, S = seq_BxS.shape
     pos = c[:, None] + jnp.arange(self.pending, dtype=jnp.int32)[None, :]
     tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos, S - 1), axis=1)
-    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF),
+    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxD1xF),
                    model_lib.backends_of(self.cfg))
     out = decode.windowed_forward(params, self.cfg, tokens, pos, state.cache, buckets=self.buckets,
                                   live_T=jnp.max(lengths_B - c) + 1, inputs_embeds_BxTxD=x,
@@ -248,10 +248,10 @@ class EagleDrafter(ModelDrafter):
     """Keep the root's entry (it was fed with its target feature); the accepted nodes and the next token are
     fed with their target features by the next propose."""
     fed = new_lengths_B > lengths_B
-    R = self.pending
-    feats = path_features_BxD1xF[:, :R].astype(jnp.float32)
-    if feats.shape[1] < R:
-      feats = jnp.pad(feats, ((0, 0), (0, R - feats.shape[1]), (0, 0)))
+    D1 = self.pending
+    feats = path_features_BxD1xF[:, :D1].astype(jnp.float32)
+    if feats.shape[1] < D1:
+      feats = jnp.pad(feats, ((0, 0), (0, D1 - feats.shape[1]), (0, 0)))
     c = jnp.where(fed, lengths_B + 1, state.cache.lengths)
     return EagleState(cache=state.cache.with_lengths(c),
-                      feats_BxRxF=jnp.where(fed[:, None, None], feats, state.feats_BxRxF))
+                      feats_BxD1xF=jnp.where(fed[:, None, None], feats, state.feats_BxD1xF))

@@ -41,8 +41,8 @@ class _Drafted:
   the one forward, so the tree builders shared with ``ModelDrafter`` read depth d's distribution where a
   sequential drafter would run a forward."""
 
-  def __init__(self, cache, logits_BxKxV):
-    self.cache, self.logits_BxKxV = cache, logits_BxKxV
+  def __init__(self, cache, logits_BxDxV):
+    self.cache, self.logits_BxDxV = cache, logits_BxDxV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,20 +63,20 @@ class ParallelEagleDrafter(EagleDrafter):
     cache = state.cache
     c = cache.lengths
     B, S = seq_BxS.shape
-    R, P = self.pending, depth - 1
-    T = R + P
+    D1, n_ph = self.pending, depth - 1                           # pending tokens, placeholders
+    T = D1 + n_ph
     i_T = jnp.arange(T, dtype=jnp.int32)
     pos = c[:, None] + i_T[None, :]
-    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos[:, :R], S - 1), axis=1)
+    tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos[:, :D1], S - 1), axis=1)
     backends = model_lib.backends_of(self.cfg)
-    x_pend = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxRxF), backends)
+    x_pend = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxD1xF), backends)
     root_B = lengths_B - c                                       # the root's row
-    j = i_T[None, :] - root_B[:, None]                           # 1..P: placeholder j
-    ph = params["placeholders"][:max(P, 1)].astype(x_pend.dtype)
-    x_ph = jnp.take(ph, jnp.clip(j - 1, 0, max(P, 1) - 1), axis=0)                  # [B, T, D]
-    x_pend = jnp.pad(x_pend, ((0, 0), (0, P), (0, 0)))
-    x = jnp.where((j <= 0)[..., None], x_pend, jnp.where(((j >= 1) & (j <= P))[..., None], x_ph, 0.0))
-    toks = jnp.pad(tokens, ((0, 0), (0, P)))
+    j = i_T[None, :] - root_B[:, None]                           # 1..n_ph: placeholder j
+    ph = params["placeholders"][:max(n_ph, 1)].astype(x_pend.dtype)
+    x_ph = jnp.take(ph, jnp.clip(j - 1, 0, max(n_ph, 1) - 1), axis=0)               # [B, T, M]
+    x_pend = jnp.pad(x_pend, ((0, 0), (0, n_ph), (0, 0)))
+    x = jnp.where((j <= 0)[..., None], x_pend, jnp.where(((j >= 1) & (j <= n_ph))[..., None], x_ph, 0.0))
+    toks = jnp.pad(tokens, ((0, 0), (0, n_ph)))
     rows = root_B[:, None] + jnp.arange(depth, dtype=jnp.int32)[None, :]          # the root, the placeholders
     out = decode.windowed_forward(params, self.cfg, toks, pos, cache, buckets=self.buckets,
                                   live_T=root_B + depth, inputs_embeds_BxTxD=x, head_index_B=rows)
@@ -91,7 +91,7 @@ class ParallelEagleDrafter(EagleDrafter):
 
   def _extend(self, params, drafted: _Drafted, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
     W = tokens_BxW.shape[1]
-    lg = drafted.logits_BxKxV[:, depth]
+    lg = drafted.logits_BxDxV[:, depth]
     return jnp.broadcast_to(lg[:, None], (lg.shape[0], W, lg.shape[-1])), None, drafted
 
   def _with_cache(self, asked: "_Asked", drafted: _Drafted):

@@ -1,16 +1,19 @@
 """The speculative step and loop.
 
-One iteration (``spec_step``, one jitted function over static shapes B, N1 = N + 1 tree slots, S):
-  1. the drafter fills a token tree of N draft nodes under the root ``last`` (``tree.py``; the engine's
-     ``shape``: a chain of k by default, any static tree, or a dynamic one chosen each step); node slots
-     past k_active[b] or past the buffer's room are masked,
-  2. the target verifies all N1 nodes in one forward over the fixed KV buffers, attention masked by the
-     tree's ancestors, positions = length + depth (the native CPU kernels compute only the rows up to the
-     last live node),
-  3. the acceptance rule picks the accepted root-to-leaf path (n[b] drafts) and the next token,
-  4. commit: EOS and max_new_tokens may cut the n+1 new tokens short; the accepted path's K/V move to the
-     slots right after the committed prefix (``kv_cache.compact``; nothing moves for a chain), the length
-     advances by the number kept, the drafter compacts its own cache the same way.
+One iteration (``spec_step``, one jitted function over static shapes B, N1 = N + 1 tree slots, S), as stages:
+  ``draft``   the drafter fills a token tree of N draft nodes under the root ``last`` (``trees/``; the engine's
+              ``shape``: a chain of k by default, any static tree, or a dynamic one chosen each step); node
+              slots past k_active[b] or past the buffer's room are masked,
+  ``verify``  the target verifies all N1 nodes in one forward over the fixed KV buffers, attention masked by
+              the tree's ancestors, positions = length + depth (the native CPU kernels compute only the rows
+              up to the last live node),
+  ``accept``  the acceptance rule picks the accepted root-to-leaf path (n[b] drafts) and the next token,
+  ``commit``  EOS and max_new_tokens may cut the n+1 new tokens short; they go into the sequence buffer,
+  ``advance`` the length advances by the number kept; the accepted path's K/V move to the slots right after the
+              committed prefix (``kv_cache.compact``; nothing moves for a chain) and the drafter compacts its
+              own cache the same way,
+  ``count``   the statistics (``SpecStats``); with ``Engine.record`` the step's features and top-k are recorded
+              (``record.py``), in per-row mode each committed token's log-probability.
 With N = 0 and ``NoDrafter`` this is plain autoregressive decoding: baselines run the same code.
 
 ``generate`` runs prefill and the whole loop on device (``lax.while_loop``); ``init`` + ``decode_loop`` are the
@@ -21,21 +24,52 @@ step-at-a-time API for a host-side scheduler (k_active is data: changing it comp
 (``SpecState.rows``, a ``sampling_rows.RowState`` given to ``init``): rows with different temperatures, top-k,
 top-p and seeds share one compiled step, each drawing from its own key folded with its token count, and each
 committed token's log-probability is recorded.
+
+Shape letters.  An array's name ends in its shape (``tokens_BxN1`` is [B, N1]; ``count_B`` is [B]), and one
+letter means one thing throughout ``specjax/speculative/``:
+
+  B    sequences in the batch (one cache row each; a serving slot)
+  S    positions per sequence: the KV cache's and the sequence buffer's length (max_len)
+  P    the batch's padded prompt length
+  N    draft nodes per step (``Engine.k_max``; a chain's k); N1 = N + 1 tree slots, node 0 the root (``last``)
+  D    tree depth: the deepest draft node (``Engine.depth``); D1 = D + 1, a root-to-leaf path, root first
+  V    the target's vocabulary (Vr: the rows of a reduced draft head)
+  M    the model width (d_model)
+  F    feature width: target layer outputs read or recorded, concatenated (M per tapped layer)
+  T    tokens fed to one forward
+  U    the slots after the committed prefix that one forward's tree mask covers
+  W    rows of one drafter forward: the nodes with children at one depth, a dynamic tree's frontier, a chunk
+  J    positions recorded at once (a step's path: D1; a prompt's last token: 1)
+  K    the best K tokens of one distribution: a node's children drawn together, a dynamic tree's TOPK, the
+       recorded top-k (``Record.top_k``), the ranks of an acceptance table
+  R    candidate continuations a lookup drafter ranks (n-gram occurrences, suffix matches)
+  H    positions a suffix drafter searches (its corpus, then every row's known tokens)
+  C    token slots of the suffix drafter's corpus
+  2    a raw PRNG key's two words (``keys_Bx2``)
+
+``models/`` keeps its own letters for weights and caches (there D is d_model and K the KV heads: the cache is
+[L, B, S, K, E]); its keyword arguments keep them where this package calls it (``inputs_embeds_BxTxD``).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.models import decode, decoder as model_lib, sampling, sampling_rows
+from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, compact
+from specjax.speculative import record as record_lib
+from specjax.speculative.acceptance import AcceptanceRule, SpeculativeSampling, rule_for
+from specjax.speculative.drafters import Draft, DynamicShape, NoDrafter
+from specjax.speculative.protocol import Drafter, DraftSampling, DraftShape, DraftState, feature_layers
+from specjax.speculative.record import Record, Recorded
 from specjax.speculative.trees import device as tree_lib
 from specjax.speculative.trees import specs as tree_shapes
-from specjax.speculative.acceptance import SpeculativeSampling, rule_for
+from specjax.speculative.trees.static import StaticTree
 
 
 @struct.dataclass
@@ -47,16 +81,27 @@ class SpecStats:
   accepted_B: jax.Array        # of which accepted
   committed_B: jax.Array       # tokens committed by speculative iterations (accepted + 1 per iteration)
   verify_steps_B: jax.Array    # iterations in which the sequence was live
-  pos_accepted_K: jax.Array    # [D] per tree depth: a node there was accepted
-  pos_reached_K: jax.Array     # [D] per tree depth: the accepted path reached a node with children there
-  verify_rows_K1: jax.Array    # [N+1]: iterations whose verification had 1, 2, ..., N+1 live rows
-  node_accepted_N1: jax.Array  # [N+1]: per tree node, live iterations whose accepted path went through it
+  pos_accepted_D: jax.Array    # per tree depth 1..D: a node there was accepted
+  pos_reached_D: jax.Array     # per tree depth 1..D: the accepted path reached a node with children there
+  verify_rows_N1: jax.Array    # iterations whose verification had 1, 2, ..., N+1 live rows
+  node_accepted_N1: jax.Array  # per tree node: live iterations whose accepted path went through it
+
+  @classmethod
+  def zeros(cls, B: int, D: int, N: int) -> SpecStats:
+    """The counters before the first step (prefill's one target forward counted), for B sequences, trees of
+    depth D and N nodes."""
+    zeros_B = jnp.zeros((B,), jnp.int32)
+    return cls(iterations=jnp.zeros((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
+               draft_forwards=jnp.zeros((), jnp.int32), drafted_B=zeros_B, accepted_B=zeros_B,
+               committed_B=zeros_B, verify_steps_B=zeros_B, pos_accepted_D=jnp.zeros((D,), jnp.int32),
+               pos_reached_D=jnp.zeros((D,), jnp.int32), verify_rows_N1=jnp.zeros((N + 1,), jnp.int32),
+               node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
 
 
 @struct.dataclass
 class SpecState:
   cache: KVCache
-  draft: Any
+  draft: DraftState            # the drafter's own state (``protocol.DraftState``)
   seq_BxS: jax.Array
   last_B: jax.Array
   num_new_B: jax.Array
@@ -65,51 +110,20 @@ class SpecState:
   key: jax.Array
   stats: SpecStats
   starts_BxS: jax.Array        # bool: positions whose token was the root of an iteration (a draft followed it)
-  rows: Any = None             # sampling_rows.RowState in per-row mode (``Engine.per_row``), else None
-  record: Any = None           # Recorded with ``Engine.record``, else None
-
-
-class Record(NamedTuple):
-  """What the loop records at every position it commits (``Engine.record``): the target's residual stream
-  after ``taps`` (layer outputs, concatenated: F = D × len(taps)) and its ``top_k`` most likely next tokens
-  with their log-probabilities.  The verify forwards compute both already, so a drafter's training data
-  (``training/data.py``) costs no second target pass."""
-  taps: tuple[int, ...]
-  top_k: int = 8
-  final: bool = True           # also the final hidden state (after the final norm; D more columns, last)
-
-  def forward_taps(self, num_layers: int) -> tuple[int, ...]:
-    return tuple(self.taps) + ((num_layers - 1,) if self.final else ())
-
-
-def _recorded(engine: Engine, params, features_BxTxF) -> jax.Array:
-  """The forward's tapped outputs as recorded (float16): the last tap normalised into the final hidden state
-  when ``record.final``."""
-  if engine.record.final:
-    D = engine.cfg.d_model
-    last = model_lib.rms_norm(features_BxTxF[..., -D:].astype(jnp.float32), params["final_norm"],
-                              engine.cfg.norm_eps)
-    features_BxTxF = jnp.concatenate([features_BxTxF[..., :-D].astype(jnp.float32), last], axis=-1)
-  return features_BxTxF.astype(jnp.float16)
-
-
-@struct.dataclass
-class Recorded:
-  feats_BxSxF: jax.Array       # float16: the tapped layers' outputs of the token at each position
-  topk_ids_BxSxK: jax.Array    # int32: the target's top-k next tokens after each position
-  topk_lp_BxSxK: jax.Array     # float16: their log-probabilities
+  rows: sampling_rows.RowState | None = None   # per-row mode (``Engine.per_row``): each sequence's sampling
+  record: Recorded | None = None               # with ``Engine.record``: what the loop recorded
 
 
 class Engine(NamedTuple):
   """Static description of a speculative decoder (hashable: a jit static argument)."""
-  cfg: Any                     # target ModelConfig
-  drafter: Any                 # NoDrafter | ModelDrafter | NgramDrafter
-  k_max: int                   # N: draft nodes per iteration (a chain's k)
+  cfg: ModelConfig                   # the target's
+  drafter: Drafter                   # ``protocol.Drafter`` (the registry builds them by name)
+  k_max: int                         # N: draft nodes per iteration (a chain's k)
   sp: sampling.SamplingParams
   eos_ids: tuple[int, ...] = ()
   buckets: tuple[int, ...] | None = None
-  acceptance: Any = None             # None: GreedyAcceptance when sp is greedy, else SpeculativeSampling
-  tree: Any = None                   # StaticTree | DynamicShape with k_max nodes; None: the chain of k_max
+  acceptance: AcceptanceRule | None = None   # None: GreedyAcceptance when sp is greedy, else SpeculativeSampling
+  tree: StaticTree | DynamicShape | None = None   # with k_max nodes; None: the chain of k_max
   stats_nodes: int = 0               # size the per-depth / per-node counters for this many nodes (at least
                                      # k_max): engines of several k then share one SpecState (a scheduler)
   per_row: bool = False              # sampling settings and PRNG keys per sequence, read from the state
@@ -117,14 +131,14 @@ class Engine(NamedTuple):
   record: Record | None = None       # record the target's features and top-k at every committed position
 
   @property
-  def rule(self):
+  def rule(self) -> AcceptanceRule:
     if self.acceptance is not None:
       return self.acceptance
     # Per-row mode: one rule for every row; a greedy row's one-hot p makes it exactly greedy acceptance.
     return SpeculativeSampling() if self.per_row else rule_for(self.sp)
 
   @property
-  def shape(self):
+  def shape(self) -> DraftShape:
     shape = self.tree if self.tree is not None else tree_shapes.chain(self.k_max)
     if shape.num_nodes != self.k_max:
       raise ValueError(f"engine k_max={self.k_max} but its tree has {shape.num_nodes} nodes")
@@ -139,11 +153,22 @@ class Engine(NamedTuple):
     """(depths, nodes) of the SpecStats counters: this engine's, or ``stats_nodes``' if larger."""
     return max(self.depth, self.stats_nodes), max(self.k_max, self.stats_nodes)
 
+  @property
+  def forward_taps(self) -> tuple[int, ...] | None:
+    """The ``feature_layers`` of the target forwards: what the drafter reads, or what ``record`` asks for."""
+    return record_lib.forward_taps(self.record, feature_layers(self.drafter), self.cfg.num_layers)
+
 
 def _is_eos(tok, eos_ids):
   if not eos_ids:
     return jnp.zeros(tok.shape, bool)
   return jnp.isin(tok, jnp.asarray(eos_ids, jnp.int32))
+
+
+def _drafter_features(engine: Engine, target_params, features_BxTxF: jax.Array) -> jax.Array:
+  """What the engine's feature drafter reads of a target forward's features (``record.drafter_features``)."""
+  return record_lib.drafter_features(engine.record, feature_layers(engine.drafter), engine.cfg, target_params,
+                                     features_BxTxF)
 
 
 def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP, prompt_lens_B, max_new_B,
@@ -152,18 +177,13 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   sampling settings and seed (required in per-row mode, where ``key`` is unused)."""
   B, P = prompt_BxP.shape
   S = cache.max_len
-  taps = _feature_layers(engine.drafter)
   pre = decode.prefill(target_params, engine.cfg, cache, prompt_BxP, prompt_lens_B, engine.buckets,
-                       feature_layers=_forward_taps(engine))
+                       feature_layers=engine.forward_taps)
   record = None
   if engine.record is not None:   # the prompt's features, and the top-k after its last token
-    F, K = pre.features.shape[-1], engine.record.top_k
-    record = Recorded(feats_BxSxF=jnp.zeros((B, S, F), jnp.float16).at[:, :P].set(
-                          _recorded(engine, target_params, pre.features)),
-                      topk_ids_BxSxK=jnp.zeros((B, S, K), jnp.int32),
-                      topk_lp_BxSxK=jnp.zeros((B, S, K), jnp.float16))
-    record = _record_topk(record, pre.last_logits_BxV[:, None], (prompt_lens_B - 1)[:, None])
-  if taps is None:
+    record = record_lib.start(engine.record, engine.cfg, target_params, pre.features, pre.last_logits_BxV,
+                              prompt_lens_B, S)
+  if feature_layers(engine.drafter) is None:
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S)
   else:   # a feature drafter reads the target's features of the prompt
     draft = engine.drafter.init(draft_params, prompt_BxP, prompt_lens_B, S,
@@ -186,176 +206,210 @@ def init(engine: Engine, target_params, draft_params, cache: KVCache, prompt_BxP
   seq = jnp.where(jnp.arange(S)[None, :] < prompt_lens_B[:, None], seq, 0)
   seq = seq.at[jnp.arange(B), jnp.where(live, prompt_lens_B, S)].set(tok, mode="drop")
   num_new = live.astype(jnp.int32)
-  D, N = engine.stats_sizes
-  zeros_B = jnp.zeros((B,), jnp.int32)
-  stats = SpecStats(iterations=jnp.zeros((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
-                    draft_forwards=jnp.zeros((), jnp.int32), drafted_B=zeros_B, accepted_B=zeros_B,
-                    committed_B=zeros_B, verify_steps_B=zeros_B, pos_accepted_K=jnp.zeros((D,), jnp.int32),
-                    pos_reached_K=jnp.zeros((D,), jnp.int32),
-                    verify_rows_K1=jnp.zeros((N + 1,), jnp.int32),
-                    node_accepted_N1=jnp.zeros((N + 1,), jnp.int32))
+  stats = SpecStats.zeros(B, *engine.stats_sizes)
   return SpecState(cache=pre.cache, draft=draft, seq_BxS=seq, last_B=tok, num_new_B=num_new,
                    done_B=~live | _is_eos(tok, engine.eos_ids) | (num_new >= max_new_B), max_new_B=max_new_B,
                    key=key, stats=stats, starts_BxS=jnp.zeros((B, S), bool), rows=rows, record=record)
 
 
-def _feature_layers(drafter):
-  """What a feature drafter (EAGLE) reads from the target's forwards (see ``model.forward``); None for the
-  others."""
-  return getattr(drafter, "feature_layers", None)
+# ------------------------------------------------------------------------------------------------------------
+# The step, stage by stage (``spec_step`` at the end composes them).  Each is pure and keeps every shape
+# static; their order is the step's, so the traced program (and every PRNG draw) is the one-body step's.
+
+def step_keys(engine: Engine, state: SpecState) -> tuple[jax.Array, jax.Array, jax.Array, DraftSampling]:
+  """This step's randomness: (the next state's batch key, the drafter's key, the acceptance rule's key, the
+  sampling rule).  Per-row mode: each row's two keys come from its own key folded with its token count (the
+  batch key passes through unused); else the batch key splits in three."""
+  key = state.key
+  if engine.per_row:
+    k_draft_B, k_accept_B = sampling_rows.split(sampling_rows.row_keys(state.rows.keys_Bx2, state.num_new_B), 2)
+    return key, k_draft_B, k_accept_B, state.rows.sampling
+  key, k_draft, k_accept = jax.random.split(key, 3)
+  return key, k_draft, k_accept, engine.sp
 
 
-def _forward_taps(engine: Engine):
-  """The ``feature_layers`` of the engine's target forwards: the drafter's, or what ``record`` asks for (a
-  feature drafter's own layers then come first: ``_drafter_features``)."""
-  taps = _feature_layers(engine.drafter)
-  if engine.record is None:
-    return taps
-  if taps is not None and tuple(taps) != tuple(engine.record.taps):
-    raise ValueError(f"recording layers {list(engine.record.taps)} while a feature drafter reading layers "
-                     f"{list(taps)} drafts: record the drafter's own layers (Record(taps=its feature_layers))")
-  return engine.record.forward_taps(engine.cfg.num_layers)
+def draft(engine: Engine, draft_params, state: SpecState, k_active_B: jax.Array, live_B: jax.Array,
+          key: jax.Array, sp: DraftSampling) -> tuple[DraftState, Draft, tree_lib.Tree]:
+  """1. The drafter's tree under each sequence's newest token: (the drafter's state after proposing, its
+  ``Draft`` [B, N1], the tree the target verifies).  Node i is verified at slot lengths + i, so a node is
+  live only up to ``k_active_B`` and inside the cache, and no node of a finished sequence (``live_B``) is:
+  data, never a shape."""
+  lengths_B = state.cache.lengths
+  N1, S = engine.k_max + 1, state.seq_BxS.shape[1]
+  draft_state, d = engine.drafter.propose(draft_params, state.draft, state.seq_BxS, lengths_B, state.last_B,
+                                          engine.shape, key, sp)
+  room_B = jnp.maximum(S - 1 - lengths_B, 0)
+  active_BxN1 = jnp.arange(N1)[None, :] <= jnp.minimum(k_active_B, room_B)[:, None]
+  tree = tree_lib.build(d.tokens_BxN1, d.parents_BxN1, d.valid_BxN1 & active_BxN1 & live_B[:, None])
+  return draft_state, d, tree
 
 
-def _drafter_features(engine: Engine, target_params, features_BxTxF):
-  """What a feature drafter reads of the target forward's ``features``: all of them, unless the engine also
-  records, when the forward returns the recorded taps (the drafter's layers, then the last layer's raw output)
-  and the drafter's part is cut out of them — its fused layers, or the final hidden state (the last layer's
-  output under the final norm, as ``model.forward`` computes it)."""
-  taps = _feature_layers(engine.drafter)
-  if engine.record is None or taps is None:
-    return features_BxTxF
-  D = engine.cfg.d_model
-  if taps:
-    return features_BxTxF[..., :len(taps) * D]
-  if not engine.record.final:          # taps () and no final column: the forward returned the final state
-    return features_BxTxF
-  return model_lib.rms_norm(features_BxTxF[..., -D:], target_params["final_norm"], engine.cfg.norm_eps)
+class Verified(NamedTuple):
+  """The target's forward over a tree (``verify``)."""
+  out: model_lib.ForwardOutput   # logits [B, N1, V]; the cache with the nodes' K/V written; features [B, N1, F]
+  rows: jax.Array                # scalar int32: the rows verified (the most any sequence needed; at least 1)
+  node_1xN1: jax.Array           # the node ids 0..N
 
 
-def _record_topk(record: Recorded, logits_BxJxV, pos_BxJ) -> Recorded:
-  """The top-k next tokens of the distributions ``logits_BxJxV`` at positions ``pos_BxJ`` (S: dropped); nothing
-  with ``Record.top_k = 0``."""
-  if record.topk_ids_BxSxK.shape[-1] == 0:
-    return record
-  lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits_BxJxV.astype(jnp.float32), axis=-1),
-                          record.topk_ids_BxSxK.shape[-1])
-  b = jnp.arange(pos_BxJ.shape[0])[:, None]
-  return record.replace(topk_ids_BxSxK=record.topk_ids_BxSxK.at[b, pos_BxJ].set(ids, mode="drop"),
-                        topk_lp_BxSxK=record.topk_lp_BxSxK.at[b, pos_BxJ].set(lp.astype(jnp.float16),
-                                                                                mode="drop"))
+def verify(engine: Engine, target_params, cache: KVCache, tree: tree_lib.Tree, live_B: jax.Array) -> Verified:
+  """2. The target's forward over every node of ``tree`` [B, N1] at positions lengths + depth, attention
+  masked by the tree's ancestors.  Only each sequence's rows up to its last live node matter, none for a
+  finished sequence or an empty serving slot: the native CPU kernels skip the rest, so a step costs what its
+  live rows cost (a sequence whose drafter found nothing costs a plain step; idle slots cost nothing).  The
+  live rows are data: changing them compiles nothing."""
+  node_1xN1 = jnp.arange(engine.k_max + 1)[None, :]
+  rows_B = jnp.where(live_B, jnp.max(jnp.where(tree.valid_BxN1, node_1xN1, 0), axis=1) + 1, 0).astype(jnp.int32)
+  rows = jnp.maximum(jnp.max(rows_B), 1)
+  out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, cache.lengths),
+                                cache, buckets=engine.buckets, live_T=rows_B,
+                                region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=engine.forward_taps)
+  return Verified(out, rows, node_1xN1)
+
+
+class Accepted(NamedTuple):
+  """The acceptance rule's verdict on a tree (``accept``)."""
+  rule: tree_lib.TreeAcceptance  # leaf_B, next_token_B, accepted_BxN1 (the nodes on the path)
+  n_B: jax.Array                 # accepted drafts: the leaf's depth
+  path_BxD1: jax.Array           # the path's node at each depth 0..D (-1 past n)
+
+
+def accept(engine: Engine, tree: tree_lib.Tree, logits_BxN1xV: jax.Array, q_BxN1xV: jax.Array | None,
+           key: jax.Array, sp: DraftSampling) -> Accepted:
+  """3. The acceptance rule over ``tree`` with the target's ``logits_BxN1xV`` (and the drafter's
+  ``q_BxN1xV`` when sampling): a root-to-leaf path of n drafts, then the next token."""
+  acc = engine.rule(tree, logits_BxN1xV, q_BxN1xV, key, sp, engine.drafter.siblings_without_replacement)
+  n_B = jnp.take_along_axis(tree.depth_BxN1, acc.leaf_B[:, None], axis=1)[:, 0]
+  path_BxD1 = tree_lib.path_nodes(tree, acc.leaf_B, engine.depth)
+  return Accepted(acc, n_B, path_BxD1)
+
+
+class Committed(NamedTuple):
+  """The tokens a step commits (``commit``): the accepted path's drafts, then the next token."""
+  j_1xD1: jax.Array              # 0..D: a new token's index along the path
+  cand_BxD1: jax.Array           # the path's drafts, the next token at n (0 past it)
+  eos_BxD1: jax.Array            # an EOS among the first n + 1
+  keep_BxD1: jax.Array           # committed: up to n, none after the first EOS, within max_new, live only
+  count_B: jax.Array             # int32: how many
+  idx_BxD1: jax.Array            # where they went in the sequence buffer (S: nowhere)
+  seq_BxS: jax.Array             # the sequence buffer with them
+
+
+def commit(engine: Engine, state: SpecState, tree: tree_lib.Tree, a: Accepted, live_B: jax.Array) -> Committed:
+  """4. The accepted path's drafts and the next token written after each live sequence's newest token, cut at
+  the first EOS and at max_new_tokens."""
+  B, S = state.seq_BxS.shape
+  lengths_B, n_B, path_BxD1 = state.cache.lengths, a.n_B, a.path_BxD1
+  j_1xD1 = jnp.arange(engine.depth + 1)[None, :]
+  path_tok_BxD = jnp.take_along_axis(tree.tokens_BxN1, jnp.maximum(path_BxD1[:, 1:], 0), axis=1)
+  cand = jnp.concatenate([path_tok_BxD, jnp.zeros((B, 1), jnp.int32)], axis=1)
+  cand = jnp.where(j_1xD1 == n_B[:, None], a.rule.next_token_B[:, None], cand)
+  valid = j_1xD1 <= n_B[:, None]
+  eos = _is_eos(cand, engine.eos_ids) & valid
+  after_eos = (jnp.cumsum(eos.astype(jnp.int32), axis=1) - eos.astype(jnp.int32)) > 0
+  budget_Bx1 = (state.max_new_B - state.num_new_B)[:, None]
+  keep = valid & ~after_eos & (j_1xD1 < budget_Bx1) & live_B[:, None]
+  count_B = jnp.sum(keep, axis=1).astype(jnp.int32)
+  idx = jnp.where(keep, lengths_B[:, None] + 1 + j_1xD1, S)
+  seq = state.seq_BxS.at[jnp.arange(B)[:, None], idx].set(cand, mode="drop")
+  return Committed(j_1xD1, cand, eos, keep, count_B, idx, seq)
+
+
+def row_logprobs(rows: sampling_rows.RowState, logits_BxN1xV: jax.Array, path_BxD1: jax.Array,
+                 c: Committed) -> sampling_rows.RowState:
+  """Per-row mode: each committed token's log-probability under the target, from the logits of the path
+  node before it, written at its position in ``rows.logprob_BxS``."""
+  B = path_BxD1.shape[0]
+  path_logits_BxD1xV = jnp.take_along_axis(logits_BxN1xV, jnp.maximum(path_BxD1, 0)[:, :, None], axis=1)
+  lp_BxD1 = jnp.take_along_axis(jax.nn.log_softmax(path_logits_BxD1xV.astype(jnp.float32), -1),
+                                c.cand_BxD1[:, :, None], axis=2)[:, :, 0]
+  return rows.replace(logprob_BxS=rows.logprob_BxS.at[jnp.arange(B)[:, None], c.idx_BxD1].set(lp_BxD1,
+                                                                                                mode="drop"))
+
+
+def advance(state: SpecState, c: Committed) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """5a. Each sequence after the commit: (its committed length, newest token, tokens generated, done)."""
+  new_lengths_B = state.cache.lengths + c.count_B
+  newest_B = jnp.take_along_axis(c.cand_BxD1, jnp.maximum(c.count_B - 1, 0)[:, None], axis=1)[:, 0]
+  last_B = jnp.where(c.count_B > 0, newest_B, state.last_B)
+  num_new_B = state.num_new_B + c.count_B
+  hit_eos_B = jnp.any(c.eos_BxD1 & c.keep_BxD1, axis=1)
+  done_B = state.done_B | hit_eos_B | (num_new_B >= state.max_new_B)
+  return new_lengths_B, last_B, num_new_B, done_B
+
+
+def commit_target_cache(engine: Engine, cache: KVCache, lengths_B: jax.Array, new_lengths_B: jax.Array,
+                        path_BxD1: jax.Array) -> KVCache:
+  """5b. The verified cache with the accepted path's K/V moved next to the prefix (a chain's path is already
+  there) and the new lengths."""
+  cache = cache.with_lengths(new_lengths_B)
+  if not tree_shapes.is_chain(engine.shape):
+    cache = compact(cache, lengths_B, path_BxD1)
+  return cache
+
+
+def commit_drafter(engine: Engine, target_params, draft_state: DraftState, d: Draft, v: Verified,
+                   path_BxD1: jax.Array, lengths_B: jax.Array, new_lengths_B: jax.Array) -> DraftState:
+  """5c. The drafter's ``commit``: the accepted path as its own slots (``Draft.slots``; -1 past the leaf), and
+  for a feature drafter the target's features along it (the root first) to read next step."""
+  B, N1 = d.tokens_BxN1.shape
+  slots_BxN1 = (d.slots_BxN1 if d.slots_BxN1 is not None
+                else jnp.broadcast_to(v.node_1xN1, (B, N1)).astype(jnp.int32))
+  path_slots_BxD1 = jnp.where(path_BxD1 >= 0, jnp.take_along_axis(slots_BxN1, jnp.maximum(path_BxD1, 0), axis=1),
+                              -1)
+  if feature_layers(engine.drafter) is None:
+    return engine.drafter.commit(draft_state, lengths_B, path_slots_BxD1, new_lengths_B)
+  path_feats_BxD1xF = jnp.take_along_axis(_drafter_features(engine, target_params, v.out.features),
+                                          jnp.maximum(path_BxD1, 0)[:, :, None], axis=1)
+  return engine.drafter.commit(draft_state, lengths_B, path_slots_BxD1, new_lengths_B, path_feats_BxD1xF)
+
+
+def count(engine: Engine, stats: SpecStats, tree: tree_lib.Tree, v: Verified, a: Accepted, c: Committed,
+          live_B: jax.Array) -> SpecStats:
+  """6. The counters after the step (per-depth and per-node ones padded to ``Engine.stats_sizes``, so that
+  engines of several k share one state)."""
+  D, (D_st, N_st) = engine.depth, engine.stats_sizes
+  pad = lambda x, n: jnp.pad(x, (0, n - x.shape[0]))            # noqa: E731
+  live_1_B = live_B.astype(jnp.int32)
+  path_BxD1 = a.path_BxD1
+  reached_BxD = (jnp.take_along_axis(tree_lib.has_child(tree), jnp.maximum(path_BxD1[:, :D], 0), axis=1)
+                 & (path_BxD1[:, :D] >= 0))
+  return SpecStats(
+      iterations=stats.iterations + 1,
+      target_forwards=stats.target_forwards + 1,
+      draft_forwards=stats.draft_forwards + engine.drafter.forwards(engine.shape),
+      drafted_B=stats.drafted_B + jnp.sum(tree.valid_BxN1[:, 1:], axis=1).astype(jnp.int32) * live_1_B,
+      accepted_B=stats.accepted_B + a.n_B * live_1_B,
+      committed_B=stats.committed_B + c.count_B,
+      verify_steps_B=stats.verify_steps_B + live_1_B,
+      pos_accepted_D=stats.pos_accepted_D + pad(jnp.sum((c.j_1xD1[:, :D] < a.n_B[:, None]) & live_B[:, None],
+                                                        axis=0), D_st),
+      pos_reached_D=stats.pos_reached_D + pad(jnp.sum(reached_BxD & live_B[:, None], axis=0), D_st),
+      verify_rows_N1=stats.verify_rows_N1.at[v.rows - 1].add(1),
+      node_accepted_N1=stats.node_accepted_N1 + pad(jnp.sum(a.rule.accepted_BxN1 & live_B[:, None], axis=0),
+                                                    N_st + 1))
 
 
 def spec_step(engine: Engine, target_params, draft_params, state: SpecState, k_active_B) -> SpecState:
-  """One draft → verify → accept → commit iteration for every live sequence."""
-  shape, N, D = engine.shape, engine.k_max, engine.depth
-  N1 = N + 1
-  cache = state.cache
+  """One draft → verify → accept → commit iteration for every live sequence: the stages above, in order."""
   B, S = state.seq_BxS.shape
-  lengths = cache.lengths
-  live = ~state.done_B
-  key = state.key
-  if engine.per_row:        # each row's keys for this step: its own key folded with its token count
-    sp = state.rows.sampling
-    k_draft, k_accept = sampling_rows.split(sampling_rows.row_keys(state.rows.keys_Bx2, state.num_new_B), 2)
-  else:
-    sp = engine.sp
-    key, k_draft, k_accept = jax.random.split(key, 3)
-
-  # 1. Draft a tree.  Node i is verified at slot lengths + i: never past the cache, never past k_active.
-  draft, d = engine.drafter.propose(draft_params, state.draft, state.seq_BxS, lengths, state.last_B, shape,
-                                    k_draft, sp)
-  room_B = jnp.maximum(S - 1 - lengths, 0)
-  active = jnp.arange(N1)[None, :] <= jnp.minimum(k_active_B, room_B)[:, None]
-  tree = tree_lib.build(d.tokens_BxN1, d.parents_BxN1, d.valid_BxN1 & active & live[:, None])
-
-  # 2. Verify every node in one target forward.  Only each sequence's rows up to its last live node matter,
-  #    none for a finished sequence or an empty serving slot: the native CPU kernels skip the rest, so a step
-  #    costs what its live rows cost (a sequence whose drafter found nothing costs a plain step; idle slots
-  #    cost nothing).  `rows_B` is data: changing it compiles nothing.
-  node_ids = jnp.arange(N1)[None, :]
-  rows_B = jnp.where(live, jnp.max(jnp.where(tree.valid_BxN1, node_ids, 0), axis=1) + 1, 0).astype(jnp.int32)
-  rows = jnp.maximum(jnp.max(rows_B), 1)
-  taps = _feature_layers(engine.drafter)
-  out = decode.windowed_forward(target_params, engine.cfg, tree.tokens_BxN1, tree_lib.positions(tree, lengths),
-                                cache, buckets=engine.buckets, live_T=rows_B,
-                                region_mask_BxTxU=tree_lib.region_mask(tree), feature_layers=_forward_taps(engine))
-
-  # 3. Accept: a root-to-leaf path of n drafts, then the next token.
-  acc = engine.rule(tree, out.logits, d.q_BxN1xV, k_accept, sp,
-                    engine.drafter.siblings_without_replacement)
-  n = jnp.take_along_axis(tree.depth_BxN1, acc.leaf_B[:, None], axis=1)[:, 0]
-  path = tree_lib.path_nodes(tree, acc.leaf_B, D)                               # [B, D+1], -1 past n
-
-  # 4. Commit: the path's drafts, then next; cut at the first EOS and at max_new_tokens.
-  j_D1 = jnp.arange(D + 1)[None, :]
-  path_tok = jnp.take_along_axis(tree.tokens_BxN1, jnp.maximum(path[:, 1:], 0), axis=1)
-  cand = jnp.concatenate([path_tok, jnp.zeros((B, 1), jnp.int32)], axis=1)
-  cand = jnp.where(j_D1 == n[:, None], acc.next_token_B[:, None], cand)
-  valid = j_D1 <= n[:, None]
-  eos = _is_eos(cand, engine.eos_ids) & valid
-  after_eos = (jnp.cumsum(eos.astype(jnp.int32), axis=1) - eos.astype(jnp.int32)) > 0
-  budget = (state.max_new_B - state.num_new_B)[:, None]
-  keep = valid & ~after_eos & (j_D1 < budget) & live[:, None]
-  count = jnp.sum(keep, axis=1).astype(jnp.int32)                 # tokens committed this iteration
-  idx = jnp.where(keep, lengths[:, None] + 1 + j_D1, S)
-  seq = state.seq_BxS.at[jnp.arange(B)[:, None], idx].set(cand, mode="drop")
-  row_state = state.rows
-  if engine.per_row:        # each committed token's log-probability: the logits of the path node before it
-    path_logits = jnp.take_along_axis(out.logits, jnp.maximum(path, 0)[:, :, None], axis=1)    # [B, D+1, V]
-    lp = jnp.take_along_axis(jax.nn.log_softmax(path_logits.astype(jnp.float32), -1), cand[:, :, None],
-                             axis=2)[:, :, 0]
-    row_state = row_state.replace(
-        logprob_BxS=row_state.logprob_BxS.at[jnp.arange(B)[:, None], idx].set(lp, mode="drop"))
-  new_lengths = lengths + count
-  newest = jnp.take_along_axis(cand, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
-  last = jnp.where(count > 0, newest, state.last_B)
-  num_new = state.num_new_B + count
-  hit_eos = jnp.any(eos & keep, axis=1)
-  done = state.done_B | hit_eos | (num_new >= state.max_new_B)
-
-  # The accepted path's K/V move next to the prefix (a chain's path is already there).
-  new_cache = out.cache.with_lengths(new_lengths)
-  if not tree_shapes.is_chain(shape):
-    new_cache = compact(new_cache, lengths, path)
-  slots = d.slots_BxN1 if d.slots_BxN1 is not None else jnp.broadcast_to(node_ids, (B, N1)).astype(jnp.int32)
-  path_slots = jnp.where(path >= 0, jnp.take_along_axis(slots, jnp.maximum(path, 0), axis=1), -1)
-  if taps is None:
-    draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths)
-  else:   # the target's features along the accepted path (the root first) feed the drafter's next step
-    path_feats = jnp.take_along_axis(_drafter_features(engine, target_params, out.features),
-                                     jnp.maximum(path, 0)[:, :, None], axis=1)
-    draft = engine.drafter.commit(draft, lengths, path_slots, new_lengths, path_feats)
-
+  lengths_B, live_B = state.cache.lengths, ~state.done_B
+  key, k_draft, k_accept, sp = step_keys(engine, state)
+  draft_state, d, tree = draft(engine, draft_params, state, k_active_B, live_B, k_draft, sp)
+  v = verify(engine, target_params, state.cache, tree, live_B)
+  a = accept(engine, tree, v.out.logits, d.q_BxN1xV, k_accept, sp)
+  c = commit(engine, state, tree, a, live_B)
+  rows = row_logprobs(state.rows, v.out.logits, a.path_BxD1, c) if engine.per_row else state.rows
+  new_lengths_B, last_B, num_new_B, done_B = advance(state, c)
+  cache = commit_target_cache(engine, v.out.cache, lengths_B, new_lengths_B, a.path_BxD1)
+  draft_state = commit_drafter(engine, target_params, draft_state, d, v, a.path_BxD1, lengths_B, new_lengths_B)
   record = state.record
   if record is not None:   # the root and the accepted nodes: their features, and the top-k after each
-    safe_path = jnp.maximum(path, 0)[:, :, None]
-    pos = jnp.where(j_D1 < count[:, None], lengths[:, None] + j_D1, S)                # [B, D+1]
-    feats = _recorded(engine, target_params, jnp.take_along_axis(out.features, safe_path, axis=1))
-    record = record.replace(feats_BxSxF=record.feats_BxSxF.at[jnp.arange(B)[:, None], pos].set(feats,
-                                                                                                 mode="drop"))
-    record = _record_topk(record, jnp.take_along_axis(out.logits, safe_path, axis=1), pos)
-
-  st = state.stats
-  D_st, N_st = engine.stats_sizes
-  pad = lambda x, n: jnp.pad(x, (0, n - x.shape[0]))            # noqa: E731  (counters sized for a scheduler)
-  live_i = live.astype(jnp.int32)
-  reached_D = jnp.take_along_axis(tree_lib.has_child(tree), jnp.maximum(path[:, :D], 0), axis=1) & (path[:, :D] >= 0)
-  stats = SpecStats(
-      iterations=st.iterations + 1,
-      target_forwards=st.target_forwards + 1,
-      draft_forwards=st.draft_forwards + engine.drafter.forwards(shape),
-      drafted_B=st.drafted_B + jnp.sum(tree.valid_BxN1[:, 1:], axis=1).astype(jnp.int32) * live_i,
-      accepted_B=st.accepted_B + n * live_i,
-      committed_B=st.committed_B + count,
-      verify_steps_B=st.verify_steps_B + live_i,
-      pos_accepted_K=st.pos_accepted_K + pad(jnp.sum((j_D1[:, :D] < n[:, None]) & live[:, None], axis=0), D_st),
-      pos_reached_K=st.pos_reached_K + pad(jnp.sum(reached_D & live[:, None], axis=0), D_st),
-      verify_rows_K1=st.verify_rows_K1.at[rows - 1].add(1),
-      node_accepted_N1=st.node_accepted_N1 + pad(jnp.sum(acc.accepted_BxN1 & live[:, None], axis=0), N_st + 1))
-  starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live, lengths, S)].set(True, mode="drop")
-  return SpecState(cache=new_cache, draft=draft, seq_BxS=seq, last_B=last, num_new_B=num_new, done_B=done,
-                   max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts, rows=row_state,
+    record = record_lib.record_path(record, engine.record, engine.cfg, target_params, v.out.features,
+                                    v.out.logits, a.path_BxD1, c.j_1xD1, c.count_B, lengths_B)
+  stats = count(engine, state.stats, tree, v, a, c, live_B)
+  starts = state.starts_BxS.at[jnp.arange(B), jnp.where(live_B, lengths_B, S)].set(True, mode="drop")
+  return SpecState(cache=cache, draft=draft_state, seq_BxS=c.seq_BxS, last_B=last_B, num_new_B=num_new_B,
+                   done_B=done_B, max_new_B=state.max_new_B, key=key, stats=stats, starts_BxS=starts, rows=rows,
                    record=record)
 
 
@@ -373,10 +427,9 @@ def decode_loop(engine: Engine, target_params, draft_params, state: SpecState, k
                             lambda s: spec_step(engine, target_params, draft_params, s, k_active_B), state)
 
 
-def autoregressive(cfg, sp: sampling.SamplingParams, eos_ids: tuple[int, ...] = (),
+def autoregressive(cfg: ModelConfig, sp: sampling.SamplingParams, eos_ids: tuple[int, ...] = (),
                    buckets: tuple[int, ...] | None = None) -> Engine:
   """Plain decoding: the k = 0 case of the speculative step."""
-  from specjax.speculative.drafters import NoDrafter
   return Engine(cfg=cfg, drafter=NoDrafter(), k_max=0, sp=sp, eos_ids=eos_ids, buckets=buckets)
 
 

@@ -112,9 +112,9 @@ class HybridDrafter:
   def propose(self, draft_params, state: HybridState, seq_BxS, lengths_B, last_B, shape, key, sp):
     if not tree_shapes.is_chain(shape):
       raise ValueError(f"the hybrid drafter drafts chains only, got the tree {shape}")
-    K = shape.num_nodes
+    N = shape.num_nodes
     B = seq_BxS.shape[0]
-    if K == 0:
+    if N == 0:
       d = self.model.propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)[1]
       return state._replace(used_model_B=jnp.zeros((B,), bool)), d   # the next model step catches up
     use_B, look = lookup_chain(self.lookup, seq_BxS, lengths_B, last_B, shape, sp,
@@ -133,8 +133,8 @@ class HybridDrafter:
   def commit(self, state: HybridState, lengths_B, path_slots_BxD1, new_lengths_B):
     """A model chain's accepted drafts were fed at their positions (all but the k-th): the cache is good up to
     min(new length, length + k); a lookup chain leaves it where the propose left it."""
-    K = path_slots_BxD1.shape[1] - 1
-    synced = jnp.where(state.used_model_B, jnp.minimum(new_lengths_B, lengths_B + K), state.synced_B)
+    D = path_slots_BxD1.shape[1] - 1
+    synced = jnp.where(state.used_model_B, jnp.minimum(new_lengths_B, lengths_B + D), state.synced_B)
     live_B = new_lengths_B > lengths_B          # a finished sequence commits nothing: not a step of its own
     return state._replace(cache=state.cache.with_lengths(new_lengths_B), synced_B=synced,
                           lookup_steps_B=state.lookup_steps_B + (live_B & ~state.used_model_B))
@@ -144,12 +144,12 @@ def lookup_chain(lookup: NgramDrafter, seq_BxS, lengths_B, last_B, shape, sp, vo
   """(use_B, the lookup's chain as a Draft): whether each sequence's last ``lookup.min_ngram`` tokens occurred
   before, and the continuation of the best occurrence (valid as far as it is known).  Under sampling its q rows
   are point masses on the proposed tokens (the acceptance rule then accepts x with probability p(x))."""
-  B, K = seq_BxS.shape[0], shape.num_nodes
-  cand, clen = lookup.candidates(seq_BxS, lengths_B, K)
+  B, N = seq_BxS.shape[0], shape.num_nodes
+  cand, clen = lookup.candidates(seq_BxS, lengths_B, N)
   look_tok, look_len = cand[:, 0], clen[:, 0]                          # the best occurrence's continuation
-  node_K = jnp.arange(1, K + 1)[None, :]
+  node_1xN = jnp.arange(1, N + 1)[None, :]
   look = _static_draft(shape, jnp.concatenate([last_B[:, None], look_tok], axis=1).astype(jnp.int32),
-                       jnp.concatenate([jnp.ones((B, 1), bool), node_K <= look_len[:, None]], axis=1))
+                       jnp.concatenate([jnp.ones((B, 1), bool), node_1xN <= look_len[:, None]], axis=1))
   if not sp.greedy:
     q = jax.nn.one_hot(look.tokens_BxN1[:, 1:], vocab, dtype=jnp.float32)
     look = look._replace(q_BxN1xV=jnp.concatenate([q, jnp.zeros((B, 1, vocab), jnp.float32)], axis=1))

@@ -5,7 +5,10 @@ the continuous batcher, the experiments) asks a ``Kind`` what it needs instead:
 
   kind = registry.get("hybrid")
   kind.draft_model      # True: runs a separate draft model (``--draft MODEL``; its weights and KV in the bill)
+  kind.head             # False: ``--draft`` does not name a trained drafter's directory
   kind.trees            # False: drafts chains only
+
+Every drafter it builds satisfies ``protocol.Drafter``.
 
 A new drafter lands here (one ``Kind`` and one entry in ``_BUILDERS``) and in its own module beside
 ``drafters.py``.
@@ -18,6 +21,7 @@ from typing import Any, NamedTuple, Sequence
 from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
 from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, suffix
+from specjax.speculative.protocol import Drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,11 @@ class Kind:
     """Runs a separate draft model (its weights and KV cache count in the memory bill)."""
     return self.draft == "model"
 
+  @property
+  def head(self) -> bool:
+    """Reads a trained drafter (an EAGLE head): ``--draft`` names its directory."""
+    return self.draft == "head"
+
 
 KINDS = {k.name: k for k in (
     Kind("none", "plain decoding", speculates=False, trees=False, stateless=True),
@@ -61,6 +70,7 @@ KINDS = {k.name: k for k in (
 NAMES = tuple(KINDS)
 DRAFT_MODEL_NAMES = tuple(name for name, k in KINDS.items() if k.draft_model)
 TREE_NAMES = tuple(name for name, k in KINDS.items() if k.speculates and k.trees)
+SPECULATING_NAMES = tuple(name for name, k in KINDS.items() if k.speculates)
 
 
 def get(name: str) -> Kind:
@@ -71,10 +81,15 @@ def get(name: str) -> Kind:
     raise SpecjaxError(f"unknown drafter '{name}': choose one of {', '.join(NAMES)}") from None
 
 
+def speculating_help() -> str:
+  """The drafters that draft, as an error message's advice: "--drafter ngram, layerskip, model, ..."."""
+  return "--drafter " + ", ".join(SPECULATING_NAMES)
+
+
 def draft_flag_help() -> str:
   """Which drafters take ``--draft`` and what it names (for error messages)."""
   model = " or ".join(DRAFT_MODEL_NAMES)
-  heads = " or ".join(n for n, k in KINDS.items() if k.draft == "head")
+  heads = " or ".join(n for n, k in KINDS.items() if k.head)
   return f"--drafter {model} (a draft model) or {heads} (a trained drafter's directory)"
 
 
@@ -105,7 +120,7 @@ def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | N
     return draft_cfg
   if kind.layers:
     return target_cfg.replace(num_layers=len(layers))
-  if kind.draft == "head":
+  if kind.head:
     return target_cfg.replace(num_layers=1)
   return None
 
@@ -113,7 +128,7 @@ def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | N
 def build(kind: Kind, target_cfg: ModelConfig, target_params, *, k: int, depth: int | None, buckets,
           ngram: int = 3, ngram_caps: Sequence[int] = (), layers: Sequence[int] | None = None,
           draft_cfg: ModelConfig | None = None, draft_params=None, head: Any = None,
-          index_tokens: int | None = None):
+          index_tokens: int | None = None) -> tuple[Drafter, Any]:
   """(drafter, draft_params) for a kind whose inputs the caller resolved: the draft model's config and params
   (``draft_model``), the target's layer subset (``layers``), a loaded head (``(EagleConfig, params)``), a
   learning drafter's index size in token slots (``index_tokens``, default its own)."""

@@ -171,13 +171,13 @@ class SuffixDrafter:
     if shape.num_nodes == 0:
       return NoDrafter().propose(draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp)
     D = shape.max_depth
-    cand, clen, M_B = self.candidates(draft_params["corpus_C"], seq_BxS, lengths_B, D)
+    cand, clen, match_B = self.candidates(draft_params["corpus_C"], seq_BxS, lengths_B, D)
     R = cand.shape[1]
     count, new, parent = self._counts(cand, clen)
     n_occ = jnp.maximum(jnp.sum(clen > 0, axis=1), 1)                        # [B]
     prob = count / n_occ[:, None, None]
     node_ok = new & (prob >= self.min_prob)
-    cap_B = jnp.ceil(self.spec_factor * M_B).astype(jnp.int32)              # nodes this match may propose
+    cap_B = jnp.ceil(self.spec_factor * match_B).astype(jnp.int32)              # nodes this match may propose
     if isinstance(shape, DynamicShape):
       draft = _most_probable(cand, count, node_ok, parent, last_B, shape.num_nodes)
       return state, draft._replace(valid_BxN1=draft.valid_BxN1 & (jnp.arange(N1)[None, :] <= cap_B[:, None]))
@@ -205,22 +205,22 @@ def _most_probable(cand_BxRxD, count_BxRxD, node_ok_BxRxD, parent_BxRxD, last_B,
   """The N most probable trie nodes (by count; ties: shallower, then earlier) as a draft tree.  A parent's
   count is at least its child's and it is shallower, so it always comes first."""
   B, R, D = cand_BxRxD.shape
-  F = R * D
-  flat_ok = node_ok_BxRxD.reshape(B, F)
-  f = jnp.arange(F)
+  RD = R * D                                    # trie nodes: candidate-major, R x D
+  flat_ok = node_ok_BxRxD.reshape(B, RD)
+  f = jnp.arange(RD)
   depth_f, c_f = f % D, f // D
-  key = jnp.where(flat_ok, count_BxRxD.reshape(B, F) * (D * R + 1) - (depth_f * R + c_f)[None, :], -(D * R + 2))
-  top, order = jax.lax.top_k(key, min(N, F))                                  # [B, N'] flat indices
+  key = jnp.where(flat_ok, count_BxRxD.reshape(B, RD) * (D * R + 1) - (depth_f * R + c_f)[None, :], -(D * R + 2))
+  top, order = jax.lax.top_k(key, min(N, RD))                                  # [B, N'] flat indices
   if order.shape[1] < N:
     fill = N - order.shape[1]
     top = jnp.concatenate([top, jnp.full((B, fill), -(D * R + 2), top.dtype)], axis=1)
     order = jnp.concatenate([order, jnp.zeros((B, fill), order.dtype)], axis=1)
   kept = top > -(D * R + 2)
-  node_of = jnp.zeros((B, F + 1), jnp.int32).at[jnp.arange(B)[:, None], jnp.where(kept, order, F)].set(
+  node_of = jnp.zeros((B, RD + 1), jnp.int32).at[jnp.arange(B)[:, None], jnp.where(kept, order, RD)].set(
       jnp.broadcast_to(jnp.arange(1, N + 1, dtype=jnp.int32), (B, N)))
-  par_flat = jnp.take_along_axis(parent_BxRxD.reshape(B, F), order, axis=1)    # -1: the root
+  par_flat = jnp.take_along_axis(parent_BxRxD.reshape(B, RD), order, axis=1)    # -1: the root
   parents = jnp.where(par_flat < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par_flat, 0), axis=1))
-  tokens = jnp.take_along_axis(cand_BxRxD.reshape(B, F), order, axis=1)
+  tokens = jnp.take_along_axis(cand_BxRxD.reshape(B, RD), order, axis=1)
   root = lambda x, v: jnp.concatenate([jnp.full((B, 1), v, x.dtype), x], axis=1)
   return Draft(root(jnp.where(kept, tokens, 0), 0).at[:, 0].set(last_B), root(parents.astype(jnp.int32), -1),
                root(kept, True), None, None)

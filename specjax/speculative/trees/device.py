@@ -182,18 +182,18 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   return TreeAcceptance(leaf, nxt, accepted)
 
 
-def sample_children(key: jax.Array, logits_BxWxV: jax.Array, C: int, sp: sampling.SamplingParams):
-  """C children per row: the top C tokens (greedy), or C tokens drawn without replacement from the filtered
-  distribution by the Gumbel top-k trick (sampling).  Returns (tokens [B, W, C], q [B, W, V] or None,
-  drawn [B, W, C]): when the filtered q has fewer than C tokens with mass (top-k or top-p narrower than the
+def sample_children(key: jax.Array, logits_BxWxV: jax.Array, K: int, sp: sampling.SamplingParams):
+  """K children per row: the top K tokens (greedy), or K tokens drawn without replacement from the filtered
+  distribution by the Gumbel top-k trick (sampling).  Returns (tokens [B, W, K], q [B, W, V] or None,
+  drawn [B, W, K]): when the filtered q has fewer than K tokens with mass (top-k or top-p narrower than the
   tree), the remaining children are filler that was never drawn (``drawn`` False): they must not be offered
   for acceptance.
 
-  Per-row settings (``sampling_rows.RowSampling``, ``key`` one per row): a greedy row takes its top C, as a
+  Per-row settings (``sampling_rows.RowSampling``, ``key`` one per row): a greedy row takes its top K, as a
   greedy engine does, and offers them all; its q (the draft softmax) only has to be a distribution, since
   its one-hot p accepts exactly the argmax whatever q is."""
   if sp.greedy:
-    tokens = jax.lax.top_k(logits_BxWxV, C)[1].astype(jnp.int32)
+    tokens = jax.lax.top_k(logits_BxWxV, K)[1].astype(jnp.int32)
     return tokens, None, jnp.ones(tokens.shape, bool)
   filt = sampling.filtered_logits(logits_BxWxV, sp)
   q = jax.nn.softmax(filt, axis=-1)
@@ -202,7 +202,7 @@ def sample_children(key: jax.Array, logits_BxWxV: jax.Array, C: int, sp: samplin
   if isinstance(sp, sampling_rows.RowSampling):
     greedy = sp.greedy_B.reshape((-1,) + (1,) * (scores.ndim - 1))
     scores = jnp.where(greedy, logits_BxWxV.astype(jnp.float32), scores)
-    best, tokens = jax.lax.top_k(scores, C)
+    best, tokens = jax.lax.top_k(scores, K)
     return tokens.astype(jnp.int32), q, greedy | (best > -jnp.inf)
-  best, tokens = jax.lax.top_k(scores, C)
+  best, tokens = jax.lax.top_k(scores, K)
   return tokens.astype(jnp.int32), q, best > -jnp.inf

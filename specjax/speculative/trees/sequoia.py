@@ -1,7 +1,7 @@
 """The Sequoia-optimal token tree for a measured acceptance vector (or a per-depth table of them).
 
 The Sequoia model.  ``acc[r]`` is the probability that the target's token at a node is the drafter's r-th choice
-(r = 0..R-1; ranks >= R are never accepted).  Under this position-independent model a draft node v is accepted
+(r = 0..K-1; ranks >= K are never accepted).  Under this position-independent model a draft node v is accepted
 with probability  P(v) = prod over the edges e on the root->v path of acc[rank(e)],  so the expected number of
 accepted drafts is  E(tree) = sum_v P(v),  and the predicted mean accepted length per step is tau = 1 + E (the
 bonus / correction token).
@@ -17,11 +17,11 @@ The optimal tree with n draft nodes and depth <= D comes from two nested DPs.  F
 nodes hanging below one node, using exactly m nodes within d levels.  G(r, m, d) is the best value of its
 children of ranks r, r+1, ... sharing m nodes: child r with a subtree of s nodes (itself + s-1 below) is worth
 acc[r] * (1 + F(s-1, d-1)), so  G(r, m, d) = max_s acc[r] * (1 + F(s-1, d-1)) + G(r+1, m-s, d),  G(., 0, d) = 0,
-G(R, m, d) = 0 (spare nodes become zero-value leaves of rank >= R), and F(m, d) = G(0, m, d).  With d levels
+G(K, m, d) = 0 (spare nodes become zero-value leaves of rank >= K), and F(m, d) = G(0, m, d).  With d levels
 left of D the children sit at depth D - d + 1, so a depth-conditioned table uses its row D - d there.  Every
 value is >= 0 and one more leaf never lowers it, so "exactly m" is as good as "at most m": the tree always
-spends the whole budget, which keeps the verification width equal to N.  Cost: O(D * R * n^2) with the inner
-max over s vectorised in numpy (R = min(len(acc), n)); about 0.01 s for n=128, D=16, R=8 and 0.2 s for R=128.
+spends the whole budget, which keeps the verification width equal to N.  Cost: O(D * K * n^2) with the inner
+max over s vectorised in numpy (K = min(len(acc), n)); about 0.01 s for n=128, D=16, K=8 and 0.2 s for K=128.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ _TIE_TOL = 1e-12              # DP ties within this go to the better-ranked chil
 
 
 def validate_acceptance(acc) -> np.ndarray:
-  """acc as a float64 table [rows, R]: a 1-D vector is one row, a list of equal-length vectors one row per
+  """acc as a float64 table [rows, K]: a 1-D vector is one row, a list of equal-length vectors one row per
   depth.  SpecjaxError unless non-empty, entries in [0, 1] and every row's sum <= 1."""
   try:
     a = np.asarray(acc, dtype=np.float64)
@@ -66,9 +66,9 @@ def validate_acceptance(acc) -> np.ndarray:
   return a
 
 
-def _row(a_DxR: np.ndarray, depth: int) -> np.ndarray:
+def _row(a_DxK: np.ndarray, depth: int) -> np.ndarray:
   """The acceptance vector of the edges into nodes at ``depth`` (1-based); the last row repeats."""
-  return a_DxR[min(depth, a_DxR.shape[0]) - 1]
+  return a_DxK[min(depth, a_DxK.shape[0]) - 1]
 
 
 def expected_accepted(tree: StaticTree, acc) -> float:
@@ -90,33 +90,33 @@ def predicted_tau(tree: StaticTree, acc) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class _Tables:
-  acc: np.ndarray        # effective acc[:, :R] (rows by depth)
+  acc: np.ndarray        # effective acc[:, :K] (rows by depth)
   value: np.ndarray      # [D+1, n+1]: F(m, d); -inf where infeasible (m > 0, d = 0)
-  choice: np.ndarray     # [D+1, R, n+1]: nodes s given to the rank-r child in G(r, m, d)
+  choice: np.ndarray     # [D+1, K, n+1]: nodes s given to the rank-r child in G(r, m, d)
 
 
-def _sequoia_tables(a_DxR: np.ndarray, n: int, depth: int) -> _Tables:
+def _sequoia_tables(a_DxK: np.ndarray, n: int, depth: int) -> _Tables:
   """The two DPs of the module docstring, for every budget m <= n and levels left d <= depth (the root's
   children at depth 1)."""
-  nz = np.flatnonzero(a_DxR.max(axis=0) > 0)
-  R = min(int(nz[-1]) + 1 if nz.size else 0, n)   # ranks past the last non-zero entry are worth 0
-  a_DxR = a_DxR[:, :R]
+  nz = np.flatnonzero(a_DxK.max(axis=0) > 0)
+  K = min(int(nz[-1]) + 1 if nz.size else 0, n)   # ranks past the last non-zero entry are worth 0
+  a_DxK = a_DxK[:, :K]
   F = np.full((depth + 1, n + 1), -np.inf)
   F[0, 0] = 0.0
-  choice = np.zeros((depth + 1, R, n + 1), np.int32)
+  choice = np.zeros((depth + 1, K, n + 1), np.int32)
   m_all = np.arange(n + 1)
   rest_all = m_all[:, None] - m_all[None, :]      # [m, s]: nodes left for ranks > r
   valid_all = (m_all[None, :] >= 1) & (rest_all >= 0)
   rest_all = np.clip(rest_all, 0, n)
   for d in range(1, depth + 1):
-    a = _row(a_DxR, depth - d + 1)                # children made with d levels left sit at depth D - d + 1
+    a = _row(a_DxK, depth - d + 1)                # children made with d levels left sit at depth D - d + 1
     k = n - depth + d + 1                         # a node with d levels left sits at depth >= depth - d: m < k
     m_idx, rest, valid = m_all[:k], rest_all[:k, :k], valid_all[:k, :k]
     below = F[d - 1, :k - 1]                      # F(s-1, d-1) for s = 1..k-1
     feasible = np.isfinite(below)
     below_0 = np.where(feasible, below, 0.0)      # no 0 * inf below
-    g = np.zeros(k)                               # G(R, m, d) = 0: spare nodes are zero-value leaves
-    for r in range(min(R, k - 1) - 1, -1, -1):    # at most m children
+    g = np.zeros(k)                               # G(K, m, d) = 0: spare nodes are zero-value leaves
+    for r in range(min(K, k - 1) - 1, -1, -1):    # at most m children
       child = np.full(k, -np.inf)
       child[1:] = np.where(feasible, a[r] * (1.0 + below_0), -np.inf)
       total = np.where(valid, child[None, :] + g[rest], -np.inf)
@@ -128,17 +128,17 @@ def _sequoia_tables(a_DxR: np.ndarray, n: int, depth: int) -> _Tables:
       g = np.where(m_idx == 0, 0.0, total[m_idx, pick])
       choice[d, r, :k] = pick
     F[d, :k] = g
-  return _Tables(acc=a_DxR, value=F, choice=choice)
+  return _Tables(acc=a_DxK, value=F, choice=choice)
 
 
 def _reconstruct(t: _Tables, n: int, depth: int) -> StaticTree:
-  R = t.acc.shape[1]
+  K = t.acc.shape[1]
   paths: list[Path] = []
 
   def grow(prefix: Path, m: int, d: int) -> None:
     r = 0
     while m > 0:
-      if r >= R:   # the rest are leaves of rank >= R
+      if r >= K:   # the rest are leaves of rank >= K
         paths.extend(prefix + (r + j,) for j in range(m))
         return
       s = int(t.choice[d, r, m])
