@@ -127,7 +127,7 @@ def _is_data_key(k: str) -> bool:
 
 def make_inputs(root: Path) -> dict[str, str]:
   """The tiny model and prompt files the bindings name."""
-  from tests.test_sharding import varied_tiny_gguf
+  from tests.helpers import varied_tiny_gguf
   root.mkdir(parents=True, exist_ok=True)
   model = varied_tiny_gguf(root / "tiny.gguf")
   prompts = root / "prompts.jsonl"

@@ -39,3 +39,10 @@ def _release_compiled_executables():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+  """A tiny random GGUF checkpoint (``helpers.CFG``) written once per test module: its path."""
+  from tests.helpers import CFG, random_hf_params, write_gguf
+  return str(write_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specjax import api  # noqa: E402
 from specjax.serving import batcher as bt, factory  # noqa: E402
-from tests.test_sharding import varied_tiny_gguf  # noqa: E402
+from tests.helpers import varied_tiny_gguf  # noqa: E402
 
 PROMPTS = ["hello world " * (i % 4 + 1) + str(i) for i in range(6)]
 

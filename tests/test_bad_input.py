@@ -9,7 +9,7 @@ import pytest
 
 from specjax import cli
 from specjax.errors import SpecjaxError
-from tests.test_cli import specjax_here, tiny_model  # noqa: F401 -- the fixture
+from tests.helpers import specjax_here
 
 TOO_LATE = "the model began to load"
 

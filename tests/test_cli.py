@@ -1,53 +1,13 @@
 """The CLI contract: one JSON object on stdout with --json; bad input is one line on stderr, exit != 0."""
-import contextlib
-import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, assert_clean_error, random_hf_params, specjax, specjax_here, write_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-  return str(write_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
-
-
-def specjax(*args, cache=None):
-  env = dict(os.environ)
-  if cache is not None:
-    env["SPECJAX_CACHE"] = str(cache)
-  return subprocess.run([sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
-                        cwd=ROOT, env=env, timeout=600)
-
-
-def specjax_here(*args):
-  """The CLI's ``main`` in this process, as a finished process (return code, stdout, stderr): for the many
-  bad-input cases that stop before anything compiles, without paying an interpreter and jax start-up each.
-  The tests that run ``specjax`` above keep checking the real process contract."""
-  from specjax import cli
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-      rc = cli.main([str(a) for a in args])
-    except SystemExit as e:                       # argparse's own errors
-      rc = e.code if isinstance(e.code, int) else 1
-  return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
-
-
-def assert_clean_error(proc, *needles):
-  assert proc.returncode != 0
-  err = proc.stderr.strip().splitlines()
-  assert "Traceback" not in proc.stderr, proc.stderr
-  assert err and err[-1].startswith("specjax: error:"), proc.stderr
-  for n in needles:
-    assert n.lower() in err[-1].lower(), err[-1]
 
 
 def test_unknown_model_name(tmp_path):

@@ -163,7 +163,7 @@ def test_cost_command(capsys):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-  from tests.test_checkpoints import CFG as TINY_CFG, random_hf_params, write_gguf
+  from tests.helpers import CFG as TINY_CFG, random_hf_params, write_gguf
   path = write_gguf(tmp_path_factory.mktemp("cost") / "tiny.gguf", TINY_CFG, random_hf_params(TINY_CFG, seed=3))
   return api.load(str(path))
 

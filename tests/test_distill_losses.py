@@ -8,7 +8,7 @@ import pytest
 
 from specjax.errors import SpecjaxError
 from specjax.training import recipes
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 
 def test_distill_losses_trains_and_scores_one_drafter_per_loss(tmp_path):

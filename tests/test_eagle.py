@@ -330,7 +330,7 @@ def test_small_draft_model_trains_and_exports_a_loadable_checkpoint(tmp_path, ta
   from specjax.checkpoints.safetensors_loader import load_hf_dir
   from specjax.speculative import ModelDrafter
   from specjax.training import draft_model, recipes
-  from tests.test_checkpoints import gguf_tokenizer
+  from tests.helpers import gguf_tokenizer
   store = eagle_train.FeatureData(make_store(tmp_path, target, n=12))
   layers = (0, 2)
   dcfg = draft_model.draft_config(CFG, layers)
@@ -371,7 +371,7 @@ def test_small_draft_model_with_a_reduced_vocabulary(tmp_path, target):
   from specjax.errors import CheckpointError
   from specjax.speculative import ModelDrafter
   from specjax.training import draft_model, recipes
-  from tests.test_checkpoints import gguf_tokenizer
+  from tests.helpers import gguf_tokenizer
   tok = gguf_tokenizer()
   store = eagle_train.FeatureData(make_store(tmp_path, target, n=12))
   V = min(CFG.vocab_size, tok.vocab_size)      # ids the test tokenizer also has

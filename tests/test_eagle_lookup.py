@@ -117,7 +117,7 @@ def test_heads_on_a_quantized_target_are_greedy_exact_through_the_api(tmp_path):
   from specjax import api
   from specjax.models import quant
   from specjax.runtime import builder
-  from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf
+  from tests.helpers import CFG as GGUF_CFG, random_hf_params, write_gguf
   from tests.test_memory_bill import eagle_dir
   path = write_gguf(tmp_path / "target.gguf", GGUF_CFG, random_hf_params(GGUF_CFG, seed=3))
   m = api.load(str(path), dtype="float32", weights="int8")
@@ -139,7 +139,7 @@ def test_a_head_at_its_own_weight_type_is_greedy_exact_and_labelled(tmp_path):
   from specjax.models import quant
   from specjax.checkpoints import drafter_io
   from specjax.runtime import builder
-  from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf
+  from tests.helpers import CFG as GGUF_CFG, random_hf_params, write_gguf
   path = write_gguf(tmp_path / "target.gguf", GGUF_CFG, random_hf_params(GGUF_CFG, seed=3))
   m = api.load(str(path), dtype="float32", weights="fp32")
   ecfg = eagle.EagleConfig(m.cfg, (0, 1), 8)          # fused taps and a reduced head of 8 rows

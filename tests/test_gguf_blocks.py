@@ -9,7 +9,7 @@ import pytest
 
 from specjax.models import quant
 from specjax.checkpoints import gguf_blocks, load_model
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 
 def _random_blocks(type_name: str, N: int, D: int, seed: int = 0) -> np.ndarray:

@@ -3,7 +3,7 @@ docs/BENCHMARKS.md): every grid point measured and priced, the plots written; th
 one row per (rate, policy) with every request served, and the summary comparing goodput with fixed k."""
 import pytest
 
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from specjax.models.kv_cache import init_cache
 from specjax.runtime import checks
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.speculative import engine as spec
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 B, S, K = 3, 64, 3
 

@@ -20,7 +20,8 @@ def _free_port() -> int:
 
 
 def test_two_processes_decode_the_single_device_tokens(tmp_path):
-  from tests.test_sharding import _single_device_tokens, varied_tiny_gguf
+  from tests.helpers import varied_tiny_gguf
+  from tests.test_sharding import _single_device_tokens
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nhello hello hello\nthe cat the cat\nx\n")

@@ -14,8 +14,8 @@ from specjax.serving import batcher as bt, factory
 from specjax.speculative import eagle, registry
 from specjax.training import online
 from tests.compile_counter import count_compiles
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
-from tests.test_cli import assert_clean_error, specjax_here
+from tests.helpers import CFG, random_hf_params, write_gguf
+from tests.helpers import assert_clean_error, specjax_here
 
 SMALL = online.AdaptConfig(learning_rate=3e-3, batch_size=2, seq_len=48, buffer_tokens=160, min_tokens=16,
                            checkpoint_every=4, unroll=2, replay=8.0)

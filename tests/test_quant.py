@@ -287,7 +287,7 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   """configs/weights.gin's experiment end to end on a tiny GGUF: one row per type, greedy speculative outputs
   identical to the same type's plain ones, perplexity near fp32, the verify-cost plot."""
   from experiments import weights as wx
-  from tests.test_sharding import varied_tiny_gguf
+  from tests.helpers import varied_tiny_gguf
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nthe cat the cat\n")

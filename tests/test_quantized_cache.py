@@ -11,7 +11,7 @@ import pytest
 
 from specjax.models import quant
 from specjax.checkpoints import converted, load_model, quantized_cache
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ def test_recording_leaves_the_tokens_unchanged():
 
 def _tiny_model(tmp_path):
   from specjax import api
-  from tests.test_checkpoints import CFG as GGUF_CFG, random_hf_params, write_gguf
+  from tests.helpers import CFG as GGUF_CFG, random_hf_params, write_gguf
   hf = random_hf_params(GGUF_CFG, seed=3)
   hf["layers"] = [{k: v * 2.0 if k.endswith("proj") else v for k, v in layer.items()} for layer in hf["layers"]]
   return api.load(str(write_gguf(tmp_path / "tiny.gguf", GGUF_CFG, hf)))

@@ -15,7 +15,7 @@ import pytest
 from specjax import api
 from specjax.models import sampling
 from specjax.serving import factory, server
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 
 def _free_port() -> int:

@@ -8,7 +8,7 @@ import pytest
 from specjax import api
 from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
 from tests.compile_counter import count_compiles
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+from tests.helpers import CFG, random_hf_params, write_gguf
 
 BUCKETS = (0, 1, 2, 4)
 
@@ -194,7 +194,7 @@ def test_serve_sim_command_replays_a_trace(tmp_path):
   """`specjax serve-sim --trace FILE --json` on a tiny model: every request served with the tokens asked
   for, its report's percentiles ordered, and the k-over-time plot written."""
   import json as json_lib
-  from tests.test_cli import specjax_here
+  from tests.helpers import specjax_here
   path = write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))
   trace = tmp_path / "trace.jsonl"
   trace.write_text("".join(json_lib.dumps({"arrival": 0.05 * i, "prompt": f"hello {'world ' * i}",

@@ -95,16 +95,6 @@ def test_rules_name_every_parameter_and_drop_axes_that_do_not_divide():
   assert sharding._fit(("model", None), (16, 32), fake) == sharding.P("model", None)
 
 
-def varied_tiny_gguf(path) -> str:
-  """A tiny random GGUF whose greedy replies differ from prompt to prompt and move from token to token (with
-  the embedding at full scale the random model repeats one token whatever the prompt, which would let a
-  broken sharding pass), and on which n-gram drafts are partly accepted."""
-  from tests.test_checkpoints import CFG, random_hf_params, write_gguf
-  hf = random_hf_params(CFG, seed=1)
-  hf["embed"] = hf["embed"] * 0.3
-  return str(write_gguf(path, CFG, hf))
-
-
 def _single_device_tokens(path: str, prompts_file) -> list[list[int]]:
   """What `specjax generate` gives on one device, computed in this (one-device) process."""
   from specjax import api
@@ -117,6 +107,7 @@ def _single_device_tokens(path: str, prompts_file) -> list[list[int]]:
 def test_generate_and_bench_cli_on_a_mesh(tmp_path):
   """`specjax generate --mesh 2x4` end to end (a tiny GGUF, greedy n-gram speculation, batch 4) gives the
   single device's tokens; `specjax bench --mesh 2x4` runs both methods sharded."""
+  from tests.helpers import varied_tiny_gguf
   path = varied_tiny_gguf(tmp_path / "tiny.gguf")
   prompts = tmp_path / "p.txt"
   prompts.write_text("a b c a b c a\nhello hello hello\nthe cat the cat\nx\n")
@@ -135,7 +126,7 @@ def test_generate_and_bench_cli_on_a_mesh(tmp_path):
   assert bench.returncode == 0, bench.stderr[-2000:]
   res = json.loads(bench.stdout)
   assert res["mesh"] == "2x4" and res["speedup_median"] > 0 and res["ar_tokens_per_s"] > 0
-  from tests.test_cli import specjax_here          # the mesh is checked before anything compiles
+  from tests.helpers import specjax_here, varied_tiny_gguf          # the mesh is checked before anything compiles
   bad = specjax_here(*args[3:-1], "3x3")
   assert bad.returncode == 2 and "needs 9 devices" in bad.stderr, bad.stderr
 
@@ -158,7 +149,7 @@ def test_bf16_speculative_greedy_equals_bf16_plain_greedy(tmp_path):
   the engine's exactness holds in that dtype too."""
   import jax.numpy as jnp
   from specjax import api
-  from tests.test_checkpoints import CFG, random_hf_params, write_gguf
+  from tests.helpers import CFG, random_hf_params, write_gguf
   path = str(write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
   m = api.load(path, dtype="bfloat16")
   assert m.dtype == jnp.bfloat16

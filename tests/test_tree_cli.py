@@ -5,8 +5,8 @@ import json
 import pytest
 
 from specjax.speculative.trees.specs import load_acceptance_vector
-from tests.test_checkpoints import CFG, random_hf_params, write_gguf
-from tests.test_cli import assert_clean_error, specjax, specjax_here
+from tests.helpers import CFG, random_hf_params, write_gguf
+from tests.helpers import assert_clean_error, specjax, specjax_here
 
 MISSING_MODEL = "/no/such/model.gguf"      # tree errors must come before the model is even looked for
 
