@@ -3,7 +3,8 @@ and, through those, training's evaluation and the experiments (the continuous ba
 time instead: ``serving/slots.py``).
 
   ``Executables``  a model's ahead-of-time executables: prefill per prompt bucket, the decode loop per
-                   engine, batch and buffer — compiled side by side, or read back from the persistent cache
+                   engine, batch and buffer — read back untraced from specjax's own store
+                   (``stored_executables``), else traced and compiled side by side or read from jax's cache
   ``run_batch``    prefill then the whole decode loop of one padded batch, each timed apart: a ``BatchRun``
 """
 from __future__ import annotations
@@ -77,8 +78,9 @@ class Executables:
                length)
       decode loop (``speculative.decode_loop``): once per (engine, batch, buffer length), whatever the prompts
 
-    Whatever is missing is lowered here and compiled on two threads at once (XLA compiles on one core each),
-    or read back from the persistent compilation cache.  Returns (prefill_fn, loop_fn, seconds spent); call
+    Whatever is missing is read back from specjax's store without tracing (``stored_executables``), else
+    lowered here and compiled on two threads at once (XLA compiles on one core each) or read back from jax's
+    persistent compilation cache, and stored.  Returns (prefill_fn, loop_fn, seconds spent); call
     ``prefill_fn(m.prefill_params, ...)`` and ``loop_fn(m.exec_params, ...)``."""
     drafts = _signature(draft_params)       # one draft model at two weight types: two executables
     keys = {"init": ("init", engine, batch_size, prompt_pad, max_len, drafts),
@@ -86,11 +88,20 @@ class Executables:
     missing = [k for k in keys.values() if k not in self._by_key]
     if not missing:
       return self._by_key[keys["init"]], self._by_key[keys["loop"]], 0.0
-    from specjax.runtime import compile_cache
+    from specjax.runtime import compile_cache, stored_executables
     t0 = time.perf_counter()
     before = compile_cache.counts()
-    lowered = _lower(m, engine, batch_size, prompt_pad, max_len, draft_params, {k[0] for k in missing})
-    self._compile({keys[what]: low for what, low in lowered.items()})
+    stored = _stored_keys(m, engine, batch_size, prompt_pad, max_len, draft_params)
+    todo = set()
+    for k in missing:                 # read back without tracing where specjax stored it before
+      exe = stored_executables.read(stored.get(k[0]))
+      if exe is not None:
+        self._by_key[k] = exe
+      else:
+        todo.add(k[0])
+    if todo:
+      lowered = _lower(m, engine, batch_size, prompt_pad, max_len, draft_params, todo)
+      self._compile({keys[what]: (low, stored.get(what)) for what, low in lowered.items()})
     seconds = time.perf_counter() - t0
     what = " and ".join({"init": f"prefill (prompt bucket {prompt_pad})", "loop": "decode loop"}[k[0]]
                         for k in missing)
@@ -99,13 +110,26 @@ class Executables:
     return self._by_key[keys["init"]], self._by_key[keys["loop"]], seconds
 
   def _compile(self, todo: dict) -> None:
+    """Compile each (lowered, stored key) of ``todo`` (by executable key), storing it under its stored key."""
+    from specjax.runtime.stored_executables import compile_and_store
     if len(todo) == 1:
-      (key, lowered), = todo.items()
-      self._by_key[key] = lowered.compile()
+      (key, (lowered, stored)), = todo.items()
+      self._by_key[key] = compile_and_store(lowered, stored)
       return
     with ThreadPoolExecutor(len(todo)) as pool:
-      for key, fn in zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())):
+      for key, fn in zip(todo, pool.map(lambda job: compile_and_store(*job), todo.values())):
         self._by_key[key] = fn
+
+
+def _stored_keys(m, engine: spec.Engine, B: int, prompt_pad: int, max_len: int, draft_params) -> dict:
+  """The keys of the prefill and the decode loop in specjax's own store (``stored_executables``): what each
+  executable depends on, computed without tracing.  None on a mesh (the shardings are not in the key)."""
+  if m.mesh is not None:
+    return {}
+  from specjax.runtime.stored_executables import key
+  dtype = str(jnp.dtype(m.dtype))
+  return {"init": key(("init", engine, B, prompt_pad, max_len, dtype), (m.prefill_params, draft_params)),
+          "loop": key(("loop", engine, B, max_len, dtype), (m.exec_params, draft_params))}
 
 
 def _lower(m, engine: spec.Engine, B: int, prompt_pad: int, max_len: int, draft_params, which: set) -> dict:
