@@ -86,7 +86,7 @@ def test_unknown_drafter_and_k_too_large(tiny_model):
 def test_draft_vocabulary_mismatch(tiny_model, tmp_path):
   other_cfg = CFG.replace(name="other", vocab_size=CFG.vocab_size + 5)
   other = tmp_path / "other.gguf"
-  from tests import test_checkpoints as tc
+  from tests import helpers as tc            # write_gguf reads the vocabulary from there
   tokens = tc.TOKENS + [f"<extra{i}>" for i in range(5)]
   saved = (tc.TOKENS, tc.TOKEN_TYPES)
   tc.TOKENS, tc.TOKEN_TYPES = tokens, tc.TOKEN_TYPES + [1] * 5

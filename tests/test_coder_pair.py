@@ -128,16 +128,20 @@ def test_registry_knows_the_coder_pair():
 
 
 def test_drafter_model_takes_the_registry_default(monkeypatch):
+  import types
   loaded = []
-  monkeypatch.setattr("specjax.api.load", lambda name, dtype="auto", weights="auto": loaded.append(name) or
-                      type("M", (), {"load_s": 0.0})())
+  monkeypatch.setattr("specjax.runtime.builder.load", lambda name, dtype="auto", weights="auto":
+                      loaded.append(name) or types.SimpleNamespace(load_s=0.0))
+  target = lambda source: types.SimpleNamespace(source=source, dtype="float32", params={}, companions={})  # noqa
   args = cli.build_parser().parse_args(["generate", "--model", "qwen2.5-coder-1.5b", "--prompt", "x",
                                         "--drafter", "model"])
-  cli.common.load_draft(args)
+  coder = target("qwen2.5-coder-1.5b")
+  draft = cli.common.load_draft(args, coder)
   assert loaded == ["qwen2.5-coder-0.5b"]
+  assert cli.common.load_draft(args, coder) is draft and loaded == ["qwen2.5-coder-0.5b"]   # kept with it
   args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--drafter", "model"])
   with pytest.raises(SpecjaxError, match="no default draft"):
-    cli.common.load_draft(args)
+    cli.common.load_draft(args, target("smollm2-135m"))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -148,8 +148,7 @@ def test_adaptation_steps_learn_repeated_traffic(tiny, tmp_path):
   """On a buffer of served replies, adaptation steps lower the loss and raise the head's agreement with the
   target (its held-in 1 - TVD at the first draft position)."""
   head = _head_dir(tiny, tmp_path)
-  built = api.build_drafter(tiny, "eagle", draft=head, k=3)
-  drafter, params = built[0], built[1]
+  drafter, params = api.build_drafter(tiny, api.decode_spec(drafter="eagle", k=3), max_len=256, draft=head)[:2]
   ad = online.OnlineAdapter.for_engine(drafter, params, SMALL)
   rec = ad.record
   gens, _ = api.generate(tiny, PROMPTS, max_new_tokens=20, batch_size=3, record=rec)
@@ -193,7 +192,7 @@ def test_accumulated_steps_update_the_head_once_every_n(tiny, tmp_path):
   update from the three averaged gradients)."""
   import dataclasses
   head = _head_dir(tiny, tmp_path)
-  drafter, params = api.build_drafter(tiny, "eagle", draft=head, k=3)[:2]
+  drafter, params = api.build_drafter(tiny, api.decode_spec(drafter="eagle", k=3), max_len=256, draft=head)[:2]
   ad = online.OnlineAdapter.for_engine(drafter, params, dataclasses.replace(SMALL, accumulate=3))
   gens, _ = api.generate(tiny, PROMPTS[:3], max_new_tokens=20, batch_size=3, record=ad.record)
   for g in gens:

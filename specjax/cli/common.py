@@ -239,6 +239,8 @@ def decode_spec(args, **overrides):
       settings[name] = getattr(args, name)
   ds = api.decode_spec(**{**settings, **overrides})
   api.check_draft(ds, getattr(args, "draft", None))
+  if getattr(args, "max_len", None):
+    ds.check_room(args.max_len)
   return ds
 
 

@@ -51,9 +51,7 @@ def build_drafter(m: Model, ds: DecodeSpec, *, max_len: int, draft: "Model | str
   kind, k = ds.kind, ds.nodes
   if not kind.speculates:
     return drafter_registry.build(kind, m.cfg, m.exec_params, k=0, depth=None, buckets=buckets) + (0,)
-  if k + 2 > max_len:
-    raise SpecjaxError(f"--k {k} needs {k + 1} speculative slots per step, more than the KV cache of "
-                       f"{max_len} positions allows: lower --k or raise --max-len")
+  ds.check_room(max_len)
   inputs: dict = {}
   if kind.layers:
     inputs["layers"] = parse_layers(ds.draft_layers, m.cfg.num_layers)
@@ -218,8 +216,6 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
     draft = default_draft_model(m)             # the registry's draft for the target (or a clear error)
   if max_len is None:
     max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, ds.nodes)
-  elif choice is not None:
-    choice.spec.check_budget(max_len - 2)      # node i is verified at slot length + i
   d_obj, d_params, k_max = build_drafter(m, ds, max_len=max_len, draft=draft)
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)

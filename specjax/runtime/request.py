@@ -187,6 +187,15 @@ class DecodeSpec:
       return 0
     return self.choice.num_nodes if self.choice is not None else self.k
 
+  def check_room(self, max_len: int) -> None:
+    """Refuse a tree or k that a KV buffer of ``max_len`` slots cannot verify (node i is verified at slot
+    length + i, and one slot stays for the next token)."""
+    if self.choice is not None:
+      self.choice.spec.check_budget(max_len - 2)
+    elif self.kind.speculates and self.nodes + 2 > max_len:
+      raise SpecjaxError(f"--k {self.nodes} needs {self.nodes + 1} speculative slots per step, more than the KV "
+                         f"cache of {max_len} positions allows: lower --k or raise --max-len")
+
 
 def check_draft(ds: DecodeSpec, draft) -> None:
   """What ``--draft`` names, checked before any model loads: only a kind that takes one; a trained drafter's
