@@ -23,6 +23,13 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
+# One persistent compilation cache for the whole run, on from the start (the run's SPECJAX_CACHE, which
+# `api.load` switches on anyway): a program one test file or worker compiled is read back by the next instead
+# of compiled again (modules drop their in-memory executables, below).  SPECJAX_COMPILE_CACHE=0 turns it off.
+from specjax.runtime import compile_cache as _compile_cache  # noqa: E402
+
+_compile_cache.enable()
+
 import gc  # noqa: E402
 
 import pytest  # noqa: E402
