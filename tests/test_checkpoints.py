@@ -21,6 +21,7 @@ from specjax.checkpoints import download, gguf_loader
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.errors import CheckpointError, ConfigError, ModelNotFoundError
 from tests.helpers import (BOS, CFG, CHAT_TEMPLATE, EOS, IM_END, TOKENS, build_hf_tokenizer, gguf_tokenizer,
+                           hf_config_json,
                            llama3_freq_factors, logits_of, q8_roundtrip, random_hf_params, reference_params,
                            write_gguf, write_hf_dir)
 
@@ -193,6 +194,65 @@ def test_hf_dir_llama3_rope_scaling_round_trip(tmp_path):
   assert cfg.rope_scaling == cfg0.rope_scaling
   np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
                              rtol=1e-5, atol=1e-5)
+
+
+def _respelled(path, edit) -> None:
+  """Rewrite a written directory's config.json with ``edit(config)``."""
+  config = json.loads((path / "config.json").read_text())
+  edit(config)
+  (path / "config.json").write_text(json.dumps(config))
+
+
+def test_transformers5_rope_parameters_load_like_the_old_spelling(tmp_path):
+  """transformers 5 writes rope settings as one ``rope_parameters`` dict: read, not dropped (they used to be
+  ignored, so a Llama 3 config's scaling and theta silently fell back to the defaults)."""
+  rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+  cfg0 = CFG.replace(rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64), rope_theta=500000.0)
+  hf = random_hf_params(cfg0, seed=7)
+  path = write_hf_dir(tmp_path / "t5", cfg0, hf, rope_scaling=rope)
+
+  def new_spelling(config):
+    config["rope_parameters"] = {**config.pop("rope_scaling"), "rope_theta": config.pop("rope_theta")}
+  _respelled(path, new_spelling)
+  cfg, params, _ = load_hf_dir(path)
+  assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == cfg0.rope_scaling
+  np.testing.assert_allclose(logits_of(params, cfg), logits_of(reference_params(cfg0, hf), cfg0),
+                             rtol=1e-5, atol=1e-5)
+  _respelled(path, lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+  cfg, _, _ = load_hf_dir(path)
+  assert cfg.rope_theta == 1e6 and cfg.rope_scaling is None
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
+     ("yarn", "llama3")),
+    (lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}), ("linear", "supported")),
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1.0}), ("disagree",)),
+    (lambda c: c.update(rope_parameters={"full_attention": {"rope_type": "default"},
+                                         "sliding_attention": {"rope_type": "default"}}), ("per layer type",)),
+    (lambda c: c.update(architectures=["MistralForCausalLM"], sliding_window=16), ("sliding-window", "16")),
+    (lambda c: c.update(architectures=["Qwen2ForCausalLM"], sliding_window=16, use_sliding_window=True),
+     ("sliding-window",)),
+])
+def test_rope_and_window_settings_not_understood_are_refused(tmp_path, edit, needles):
+  path = write_hf_dir(tmp_path / "m", CFG, random_hf_params(CFG, seed=9))
+  _respelled(path, edit)
+  with pytest.raises(CheckpointError) as e:
+    load_hf_dir(path)
+  for needle in needles:
+    assert needle in str(e.value)
+
+
+def test_a_window_that_never_binds_is_not_refused(tmp_path):
+  """Qwen2 configs carry a sliding_window with use_sliding_window false, and a Mistral window as long as the
+  context changes nothing: both load."""
+  from specjax.checkpoints.safetensors_loader import config_from_hf
+  qwen = {**hf_config_json(CFG, "Qwen2ForCausalLM"), "sliding_window": 16, "use_sliding_window": False}
+  assert config_from_hf(qwen, "qwen", "here").qkv_bias
+  path = write_hf_dir(tmp_path / "m", CFG, random_hf_params(CFG, seed=9))
+  _respelled(path, lambda c: c.update(architectures=["MistralForCausalLM"], sliding_window=CFG.max_position))
+  load_hf_dir(path)
 
 
 def test_hf_dir_single_file_without_index(tmp_path):

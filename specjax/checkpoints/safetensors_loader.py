@@ -66,15 +66,19 @@ def _ids(value: Any) -> tuple[int, ...]:
   return (int(value),)
 
 
+ROPE_TYPES = ("default", "llama3")      # what ``rope_scaling_from_hf`` understands; anything else is refused
+
+
 def rope_scaling_from_hf(rope_scaling: Mapping[str, Any] | None, where: str) -> RopeScaling | None:
-  """``config.json`` ``rope_scaling`` -> RopeScaling (only the "llama3" rope type has an effect)."""
+  """``config.json`` ``rope_scaling`` (or transformers 5's ``rope_parameters``) -> RopeScaling: None for
+  the default rope, the "llama3" frequency scaling, and a one-line refusal for any other rope type."""
   if not rope_scaling:
     return None
   kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
   if kind in (None, "default"):
     return None
   if kind != "llama3":
-    raise CheckpointError(f"{where}: rope_scaling type '{kind}' is not supported (only 'llama3')")
+    raise CheckpointError(f"{where}: rope type '{kind}' is not supported (supported: {', '.join(ROPE_TYPES)})")
   try:
     return RopeScaling(factor=float(rope_scaling["factor"]),
                        low_freq_factor=float(rope_scaling["low_freq_factor"]),
@@ -85,6 +89,42 @@ def rope_scaling_from_hf(rope_scaling: Mapping[str, Any] | None, where: str) -> 
     raise CheckpointError(f"{where}: llama3 rope_scaling is missing {e}") from e
 
 
+def rope_from_hf(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+  """(rope theta, scaling) in either spelling: transformers 4's ``rope_theta`` and ``rope_scaling``, or
+  transformers 5's ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling's own keys in one
+  dict).  Both given and different, or parameters per layer type (Gemma 3's local and global rope), are
+  refused rather than half read."""
+  params = config.get("rope_parameters")
+  old_theta, old_scaling = config.get("rope_theta"), config.get("rope_scaling")
+  if not params:
+    return float(old_theta if old_theta is not None else 10000.0), rope_scaling_from_hf(old_scaling, where)
+  if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
+    raise CheckpointError(f"{where}: rope_parameters per layer type ({', '.join(map(str, params))}) are not "
+                          "supported: one rope for every layer only")
+  theta = float(params.get("rope_theta", old_theta if old_theta is not None else 10000.0))
+  scaling = rope_scaling_from_hf(params, where)
+  if old_theta is not None and float(old_theta) != theta:
+    raise CheckpointError(f"{where}: rope_theta {old_theta} and rope_parameters' rope_theta {theta} disagree")
+  if old_scaling and rope_scaling_from_hf(old_scaling, where) != scaling:
+    raise CheckpointError(f"{where}: rope_scaling and rope_parameters disagree")
+  return theta, scaling
+
+
+def _check_no_window(config: Mapping[str, Any], arch: str, where: str) -> None:
+  """Refuse sliding-window attention rather than ignore it (every layer here attends to its whole context):
+  Mistral's ``sliding_window`` when shorter than the context, Qwen2's when ``use_sliding_window``."""
+  window = config.get("sliding_window")
+  if not window:
+    return
+  if arch == "Qwen2ForCausalLM" and not config.get("use_sliding_window", False):
+    return
+  context = int(config.get("max_position_embeddings", 2048))
+  if int(window) < context:
+    raise CheckpointError(f"{where}: sliding-window attention (a window of {window} positions, context "
+                          f"{context}) is not supported: past {window} positions the attention would differ "
+                          "from the model's")
+
+
 def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelConfig:
   """A ModelConfig from a parsed Hugging Face ``config.json``."""
   archs = config.get("architectures") or [config.get("model_type", "?")]
@@ -92,6 +132,8 @@ def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelCon
   if arch not in SUPPORTED_ARCHITECTURES:
     raise CheckpointError(f"{where}: architecture '{arch}' is not supported (supported: "
                           f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+  _check_no_window(config, arch, where)
+  theta, scaling = rope_from_hf(config, where)
   try:
     num_heads = int(config["num_attention_heads"])
     d_model = int(config["hidden_size"])
@@ -100,8 +142,7 @@ def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelCon
         name=name, vocab_size=int(config["vocab_size"]), num_layers=int(config["num_hidden_layers"]),
         d_model=d_model, num_heads=num_heads,
         num_kv_heads=int(config.get("num_key_value_heads") or num_heads), head_dim=int(head_dim),
-        ffn_dim=int(config["intermediate_size"]), rope_theta=float(config.get("rope_theta", 10000.0)),
-        rope_scaling=rope_scaling_from_hf(config.get("rope_scaling"), where),
+        ffn_dim=int(config["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
         norm_eps=float(config.get("rms_norm_eps", 1e-5)),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=arch in QKV_BIAS_ARCHITECTURES or bool(config.get("attention_bias", False)),
