@@ -170,11 +170,11 @@ def cmd_eval_code(args) -> int:
     replies = [r for r in replies if r[1] in wanted] if args.limit else replies
   else:
     from specjax import api
-    common.check_drafter(args)
+    ds = common.decode_spec(args)          # every check once, before loading
     m = common.load_model(args)
     outputs, _ = api.generate(m, tasks, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                              max_len=args.max_len, progress=True, **common.drafter_kwargs(args), draft=common.load_draft(args, m))
-    label = args.drafter if common.drafters().get(args.drafter).speculates else "autoregressive"
+                              max_len=args.max_len, progress=True, spec_=ds, draft=common.load_draft(args, m, ds))
+    label = args.drafter if ds.kind.speculates else "autoregressive"
     replies = [(label, str(o.question_id), o.text) for o in outputs]
   res = codeeval.evaluate_all(tasks, replies, timeout_s=args.timeout)
   methods = res["methods"]

@@ -18,12 +18,11 @@ import jax
 
 from specjax.models import buffers, decoder as model_lib, quant, sampling
 from specjax import speculative as spec
-from specjax.models.buffers import DEFAULT_MAX_LEN
 from specjax.errors import SpecjaxError
 from specjax.progress import say
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary
 from specjax.runtime.loaded import Model, load
-from specjax.runtime.request import DEFAULT_NGRAM_CAPS, DecodeSpec, check_index_tokens, parse_ngram_caps
+from specjax.runtime.request import DecodeSpec
 from specjax.runtime.request import TreeChoice, tree_stats
 from specjax.speculative import registry as drafter_registry
 
