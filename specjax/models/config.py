@@ -11,13 +11,30 @@ import dataclasses
 from typing import Any
 
 
+ROPE_KINDS = ("llama3", "yarn", "linear")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-  """Llama-3 style RoPE frequency scaling ("rope_type": "llama3" in HF configs)."""
+  """RoPE frequency scaling, the ``rope_type`` of a Hugging Face config: "llama3" (Llama 3.1's smooth band
+  between ``low_freq_factor`` and ``high_freq_factor``), "yarn" (NTK-by-parts between ``beta_fast`` and
+  ``beta_slow`` rotations, cos/sin times ``attention_factor``) or "linear" (positions divided by ``factor``)."""
   factor: float = 8.0
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_position_embeddings: int = 8192
+  kind: str = "llama3"
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  attention_factor: float | None = None   # yarn: None = 0.1 ln(factor) + 1
+  truncate: bool = True                   # yarn: round the correction band's edges to whole dimensions
+
+  def __post_init__(self):
+    if self.kind not in ROPE_KINDS:
+      raise ValueError(f"rope scaling kind '{self.kind}' is not one of {', '.join(ROPE_KINDS)}")
+
+
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +56,20 @@ class ModelConfig:
   max_position: int = 8192    # the model's trained context
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
+  # What a family changes in the decoder (models/families/ reads them from a checkpoint; the defaults are
+  # Llama's).  Norm weights are stored as the multiplier itself: Gemma's ``1 + w`` is folded in at load.
+  family: str = "llama"
+  qk_norm: bool = False       # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3): q_norm, k_norm [E]
+  sandwich_norms: bool = False  # Gemma 2/3: the attention and MLP outputs normed too (post_attn_norm, post_mlp_norm)
+  activation: str = "silu"    # the gated MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+  embed_scale: float = 1.0    # the embeddings times this on input (Gemma: sqrt(D)); a tied head is unscaled
+  query_scale: float | None = None  # attention scores' scale; None = 1/sqrt(E) (Gemma: query_pre_attn_scalar^-1/2)
+  attn_softcap: float | None = None   # scores -> c tanh(scores / c) (Gemma 2)
+  final_softcap: float | None = None  # logits -> c tanh(logits / c) (Gemma 2)
+  # Per layer: 0 attends to its whole context, W > 0 to the last W positions (itself included: Hugging Face's
+  # sliding window).  () = every layer global.
+  layer_windows: tuple[int, ...] = ()
+  local_rope_theta: float | None = None  # windowed layers' RoPE base, unscaled (Gemma 3); None: as global
   # Not the model but where it runs: the kernels its ops take here (``kernels.dispatch.Backends``), resolved
   # when it is loaded or put on a mesh; None for a config built by hand (resolved when traced).  Static like
   # the rest, so a forward compiled for one set of backends is never reused for another.
@@ -48,6 +79,18 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"activation '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
+    if self.layer_windows and len(self.layer_windows) != self.num_layers:
+      raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+
+  def window(self, layer: int) -> int:
+    """Layer ``layer``'s attention window (0: its whole context)."""
+    return self.layer_windows[layer] if self.layer_windows else 0
+
+  @property
+  def windowed(self) -> bool:
+    return any(self.layer_windows)
 
   @property
   def group_size(self) -> int:  # G
@@ -59,6 +102,7 @@ class ModelConfig:
     per_layer = 2 * D + D * H * E + 2 * D * K * E + H * E * D + 3 * D * F
     if self.qkv_bias:
       per_layer += H * E + 2 * K * E
+    per_layer += 2 * E * self.qk_norm + 2 * D * self.sandwich_norms
     head = 0 if self.tie_embeddings else D * V
     return L * per_layer + V * D + D + head
 
@@ -77,6 +121,7 @@ class ModelConfig:
     if d.get("rope_scaling") is not None:
       d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
     d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+    d["layer_windows"] = tuple(d.get("layer_windows", ()))
     d.pop("backends", None)
     return cls(**d)
 
