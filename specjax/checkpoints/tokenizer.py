@@ -3,9 +3,12 @@
 Two ways in:
   * ``Tokenizer.from_file``: a ``tokenizer.json`` (and optionally the parsed ``tokenizer_config.json``) from a
     Hugging Face model directory.
-  * ``Tokenizer.from_gguf_fields``: the ``tokenizer.*`` metadata of a GGUF file.  The vocabulary, merges and
-    token types are turned into a byte-level BPE built from the ``tokenizers`` library's own model,
-    pre-tokenizer and decoder classes, with the pre-tokenizer chosen by ``tokenizer.ggml.pre``.
+  * ``Tokenizer.from_gguf_fields``: the ``tokenizer.*`` metadata of a GGUF file, built from the ``tokenizers``
+    library's own model, normalizer, pre-tokenizer and decoder classes:
+      - ``tokenizer.ggml.model == "gpt2"``: the vocabulary, merges and token types as a byte-level BPE, the
+        pre-tokenizer chosen by ``tokenizer.ggml.pre``;
+      - ``tokenizer.ggml.model == "llama"`` (SentencePiece BPE, e.g. Gemma 3): the vocabulary as a BPE with
+        byte fallback whose merges are recovered from the order of the vocabulary, spaces written as ▁.
 
 Token ids are plain Python ints.  ``encode`` parses special-token strings in the text (``"<|im_end|>"``
 becomes its id) and prepends BOS only when the model asks for it (``add_bos``).
@@ -22,7 +25,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from specjax.errors import CheckpointError, ConfigError
 
@@ -117,6 +120,94 @@ def build_gguf_bpe(tokens: Sequence[str], merges: Sequence[str], token_types: Se
       tok.add_special_tokens(special)
     if user:
       tok.add_tokens(user)
+  return tok
+
+
+# ----------------------------------------------------------------------------------------------------------
+# SentencePiece BPE from GGUF metadata (tokenizer.ggml.model "llama")
+#
+# SentencePiece BPE encodes by repeatedly merging the adjacent pair of pieces whose concatenation is the best
+# piece of the vocabulary; the vocabulary lists its pieces best-first (a normal piece's score is minus its
+# rank).  The same algorithm is a ``tokenizers`` BPE whose merges are every cut of a piece into two pieces,
+# ranked by the position of the piece they make.  The file's scores are not used as the rank: user-defined
+# and control pieces carry a placeholder (-1000), so only the position orders them with the rest.
+
+SPM_SPACE = "\u2581"   # ▁: how SentencePiece writes a space inside a piece
+
+
+def _spm_piece(token: str) -> str:
+  """A GGUF SentencePiece token as the model looks it up.  Gemma's files store the tokens that are runs of
+  spaces with real spaces, while the text's spaces become ▁ before any lookup: those are spelled as ▁s."""
+  return SPM_SPACE * len(token) if token and set(token) == {" "} else token
+
+
+def spm_merges(pieces: Sequence[str], mergeable: Sequence[bool]) -> list[tuple[str, str]]:
+  """BPE merges reproducing SentencePiece BPE over ``pieces`` (listed best-first): for each mergeable piece
+  in order, every cut into two mergeable pieces (the longer left part first)."""
+  index = {}
+  for i, (piece, ok) in enumerate(zip(pieces, mergeable)):
+    if ok:
+      index.setdefault(piece, i)
+  merges = []
+  for i, (piece, ok) in enumerate(zip(pieces, mergeable)):
+    if not ok or index[piece] != i:
+      continue
+    for cut in range(len(piece) - 1, 0, -1):
+      left, right = piece[:cut], piece[cut:]
+      if left in index and right in index:
+        merges.append((left, right))
+  return merges
+
+
+def _check_best_first(scores: Sequence[float], token_types: Sequence[int]) -> None:
+  """The normal pieces' scores must not rise along the vocabulary (the order ``spm_merges`` ranks by)."""
+  last, last_i = float("inf"), None
+  for i, (score, ty) in enumerate(zip(scores, token_types)):
+    if ty != TOKEN_TYPE_NORMAL:
+      continue
+    if score > last:
+      raise CheckpointError(f"GGUF SentencePiece vocabulary is not listed best-first (token {i} scores "
+                            f"{score} > {last} of token {last_i}): specjax builds SentencePiece tokenizers "
+                            "from BPE vocabularies only; load the model's Hugging Face directory instead")
+    last, last_i = score, i
+
+
+def build_gguf_spm(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int],
+                   unk_id: int | None) -> tokenizers.Tokenizer:
+  """A SentencePiece-BPE ``tokenizers.Tokenizer`` from GGUF vocabulary, scores and token types.
+
+  The text's spaces become ▁ (no space is prepended), pieces merge by vocabulary order, and a character
+  that no piece covers falls back to its UTF-8 byte tokens <0xXX>.  Control tokens (type 3) are special
+  added tokens and user-defined ones (type 4: newline and tab runs, HTML tags, ...) plain added tokens, both
+  matched whole in the text as written; a user-defined run of spaces (respelled ▁▁...) is an ordinary piece.
+  """
+  if not (len(tokens) == len(scores) == len(token_types)):
+    raise CheckpointError(f"GGUF tokenizer has {len(tokens)} tokens, {len(scores)} scores and "
+                          f"{len(token_types)} token types; the file's tokenizer.ggml.* arrays are damaged")
+  _check_best_first(scores, token_types)
+  pieces = [_spm_piece(t) for t in tokens]
+  respelled = [p != t for p, t in zip(pieces, tokens)]
+  mergeable = [ty == TOKEN_TYPE_NORMAL or r for ty, r in zip(token_types, respelled)]
+  vocab = {}
+  for i, piece in enumerate(pieces):
+    vocab.setdefault(piece, i)   # keep the first id if a string repeats
+  unk = pieces[unk_id] if unk_id is not None and 0 <= unk_id < len(pieces) else None
+  try:
+    bpe = models.BPE(vocab=vocab, merges=spm_merges(pieces, mergeable), dropout=None, unk_token=unk,
+                     fuse_unk=True, byte_fallback=True)
+  except Exception as e:  # tokenizers raises a bare Exception
+    raise CheckpointError(f"GGUF SentencePiece vocabulary is inconsistent ({e})") from e
+  tok = tokenizers.Tokenizer(bpe)
+  tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
+  tok.decoder = decoders.Sequence([decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+  special = [AddedToken(t, special=True, normalized=False)
+             for t, ty in zip(tokens, token_types) if ty == TOKEN_TYPE_CONTROL]
+  user = [AddedToken(t, special=False, normalized=False)
+          for t, ty, r in zip(tokens, token_types, respelled) if ty == TOKEN_TYPE_USER_DEFINED and not r]
+  if special:
+    tok.add_special_tokens(special)
+  if user:
+    tok.add_tokens(user)
   return tok
 
 
@@ -241,20 +332,34 @@ class Tokenizer:
   def from_gguf_fields(cls, fields: Mapping[str, Any]) -> "Tokenizer":
     """Build from GGUF ``tokenizer.*`` metadata (key -> decoded Python value).
 
-    Needs ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE), ``tokenizer.ggml.tokens``,
-    ``tokenizer.ggml.merges``; uses ``token_type``, ``pre``, ``bos/eos_token_id``, ``add_bos_token`` and
+    Needs ``tokenizer.ggml.tokens`` and, by ``tokenizer.ggml.model``: "gpt2" (byte-level BPE, the default)
+    ``tokenizer.ggml.merges``; "llama" (SentencePiece BPE) ``scores`` and ``token_type``, and no space
+    prefix.  Uses ``token_type``, ``pre``, ``bos/eos/eot/unknown_token_id``, ``add_bos_token`` and
     ``tokenizer.chat_template`` when present.
     """
     kind = fields.get("tokenizer.ggml.model", "gpt2")
-    if kind != "gpt2":
-      raise CheckpointError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, "
-                            "'gpt2'); convert the model's Hugging Face directory instead")
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+    needs = {"gpt2": ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"),
+             "llama": ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")}
+    if kind not in needs:
+      raise CheckpointError(f"GGUF tokenizer model {kind!r} is not supported (supported: byte-level BPE "
+                            "'gpt2', SentencePiece BPE 'llama'); convert the model's Hugging Face directory "
+                            "instead")
+    for key in needs[kind]:
       if key not in fields:
-        raise CheckpointError(f"GGUF metadata has no {key}; the file carries no usable tokenizer")
+        raise CheckpointError(f"GGUF metadata has no {key}; the file carries no usable {kind!r} tokenizer")
     tokens = list(fields["tokenizer.ggml.tokens"])
-    hf = build_gguf_bpe(tokens, list(fields["tokenizer.ggml.merges"]),
-                        fields.get("tokenizer.ggml.token_type"), fields.get("tokenizer.ggml.pre", "gpt2"))
+    if kind == "gpt2":
+      hf = build_gguf_bpe(tokens, list(fields["tokenizer.ggml.merges"]),
+                          fields.get("tokenizer.ggml.token_type"), fields.get("tokenizer.ggml.pre", "gpt2"))
+    else:
+      # llama.cpp prepends a space to SentencePiece text unless the file says not to (Gemma's do).
+      if fields.get("tokenizer.ggml.add_space_prefix", True):
+        raise CheckpointError("GGUF SentencePiece tokenizer asks for a space prefix "
+                              "(tokenizer.ggml.add_space_prefix, Llama-2 style), which specjax does not "
+                              "build; load the model's Hugging Face directory instead")
+      unk = fields.get("tokenizer.ggml.unknown_token_id")
+      hf = build_gguf_spm(tokens, list(fields["tokenizer.ggml.scores"]),
+                          list(fields["tokenizer.ggml.token_type"]), None if unk is None else int(unk))
     bos = fields.get("tokenizer.ggml.bos_token_id")
     eos = fields.get("tokenizer.ggml.eos_token_id")
     eot = fields.get("tokenizer.ggml.eot_token_id")
