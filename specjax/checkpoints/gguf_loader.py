@@ -7,11 +7,17 @@ the Hugging Face orientation.
 
 llama.cpp's converter reorders the rows of the q and k projections of ``llama`` models, per head, from the
 rotate-half RoPE layout to the interleaved one; ``unpermute_qk_llamacpp`` restores the Hugging Face layout
-that ``specjax.models.decoder`` uses.  Other architectures (qwen2) are stored unpermuted.
+that ``specjax.models.decoder`` uses.  Other architectures (qwen2, gemma3) are stored unpermuted.
+
+Gemma 3 (``gemma3``): RMSNorm weights are stored by llama.cpp's converter as ``1 + w``, the multiplier itself,
+which is what specjax keeps (Hugging Face's Gemma3RMSNorm multiplies by ``1 + w`` at run time), so they are
+read as they are; its q and k rows are not permuted (both checked against transformers' load of the file:
+tests/test_gemma3_gguf.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +36,12 @@ GGUF_MAGIC = b"GGUF"
 
 # Architectures whose q/k rows llama.cpp permutes when converting.
 PERMUTED_ARCHS = frozenset({"llama"})
-SUPPORTED_ARCHS = frozenset({"llama", "qwen2"})
+SUPPORTED_ARCHS = frozenset({"llama", "qwen2", "gemma3"})
+
+# Gemma 3 facts that its GGUF metadata does not carry (the Hugging Face config and llama.cpp agree):
+GEMMA3_GLOBAL_EVERY = 6           # layer i attends globally when (i + 1) % 6 == 0, else to a sliding window
+GEMMA3_LOCAL_ROPE_THETA = 10000.0  # the windowed layers' RoPE base (the global layers': rope.freq_base)
+GEMMA3_27B_LAYERS = 62            # the one size whose query_pre_attn_scalar is D / H, not the head dim
 
 
 
@@ -220,8 +231,43 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, path: Path, tensors: Mappi
       raise CheckpointError(f"{path}: {e}") from None
   if kind in ("none", "", None) or factor == 1.0:
     return None
+  if kind == "linear":            # positions divided by the factor (Gemma 3 4B and up: its global layers)
+    return RopeScaling(kind="linear", factor=factor)
   raise CheckpointError(f"{path}: RoPE scaling type '{kind}' (factor {factor}) is not supported; specjax "
-                        "handles Llama-3 scaling given as a rope_freqs.weight tensor")
+                        "handles linear scaling and Llama-3 scaling given as a rope_freqs.weight tensor")
+
+
+def _gemma3_windows(meta: Mapping[str, Any], num_layers: int, path: Path) -> tuple[int, ...]:
+  """Gemma 3's per-layer attention windows: 0 for a global layer, ``attention.sliding_window`` for the
+  others; every 6th layer is global (``GEMMA3_GLOBAL_EVERY``) unless the file lists the pattern per layer
+  (``attention.sliding_window_pattern``, True where windowed)."""
+  window = int(_get(meta, "gemma3.attention.sliding_window", path, required=True))
+  pattern = meta.get("gemma3.attention.sliding_window_pattern")
+  if isinstance(pattern, list):
+    if len(pattern) != num_layers:
+      raise CheckpointError(f"{path}: gemma3.attention.sliding_window_pattern has {len(pattern)} entries for "
+                            f"{num_layers} layers")
+    return tuple(window if bool(w) else 0 for w in pattern)
+  return tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(num_layers))
+
+
+def _family_fields(meta: Mapping[str, Any], arch: str, path: Path, tensors: Mapping[str, Any],
+                   num_layers: int, d_model: int, num_heads: int, head_dim: int) -> dict[str, Any]:
+  """The ModelConfig fields a family changes (none for llama and qwen2)."""
+  fields: dict[str, Any] = {"family": arch if arch == "gemma3" else "llama",
+                            "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+                            "sandwich_norms": "blk.0.post_attention_norm.weight" in tensors}
+  if arch != "gemma3":
+    return fields
+  # llama.cpp's rule: the query scale is 1/sqrt(query_pre_attn_scalar), the head dim but for the 27B model.
+  scalar = d_model // num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim
+  softcaps = {k: _get(meta, f"gemma3.{key}", path) for k, key in
+              (("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping"))}
+  fields.update(activation="gelu_tanh", embed_scale=math.sqrt(d_model), query_scale=scalar ** -0.5,
+                layer_windows=_gemma3_windows(meta, num_layers, path),
+                local_rope_theta=GEMMA3_LOCAL_ROPE_THETA,
+                **{k: None if v is None else float(v) for k, v in softcaps.items()})
+  return fields
 
 
 def config_from_metadata(meta: Mapping[str, Any], tensors: Mapping[str, Any], path: Path,
@@ -259,7 +305,8 @@ def config_from_metadata(meta: Mapping[str, Any], tensors: Mapping[str, Any], pa
         qkv_bias="blk.0.attn_q.bias" in tensors,
         max_position=int(_get(meta, f"{arch}.context_length", path, default=2048)),
         bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=tuple(eos))
+        eos_token_ids=tuple(eos),
+        **_family_fields(meta, arch, path, tensors, num_layers, d_model, num_heads, head_dim))
   except ValueError as e:
     raise CheckpointError(f"{path}: inconsistent model metadata ({e})") from e
 
@@ -293,6 +340,10 @@ def leaf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             "layers.w_gate_up": (L, 2 * F, D), "layers.w_down": (L, D, F)}
   if cfg.qkv_bias:
     shapes["layers.b_qkv"] = (L, (H + 2 * K) * E)
+  if cfg.qk_norm:
+    shapes.update({"layers.q_norm": (L, E), "layers.k_norm": (L, E)})
+  if cfg.sandwich_norms:
+    shapes.update({"layers.post_attn_norm": (L, D), "layers.post_mlp_norm": (L, D)})
   if not cfg.tie_embeddings:
     shapes["lm_head"] = (V, D)
   return shapes
@@ -309,6 +360,11 @@ def placements(cfg: ModelConfig) -> list[Placement]:
   if cfg.qkv_bias:
     per_layer += [("attn_q.bias", "b_qkv", 0, H * E), ("attn_k.bias", "b_qkv", H * E, K * E),
                   ("attn_v.bias", "b_qkv", (H + K) * E, K * E)]
+  if cfg.qk_norm:
+    per_layer += [("attn_q_norm.weight", "q_norm", 0, E), ("attn_k_norm.weight", "k_norm", 0, E)]
+  if cfg.sandwich_norms:   # with them, ffn_norm is the norm before the MLP (Gemma's pre_feedforward_layernorm)
+    per_layer += [("post_attention_norm.weight", "post_attn_norm", 0, D),
+                  ("post_ffw_norm.weight", "post_mlp_norm", 0, D)]
   out = [Placement("token_embd.weight", "embed", None, 0, V)]
   for i in range(cfg.num_layers):
     out += [Placement(f"blk.{i}.{src}", f"layers.{leaf}", i, r0, n) for src, leaf, r0, n in per_layer]
