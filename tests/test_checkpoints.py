@@ -225,17 +225,17 @@ def test_transformers5_rope_parameters_load_like_the_old_spelling(tmp_path):
 
 
 @pytest.mark.parametrize("edit, needles", [
-    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
-     ("yarn", "llama3")),
-    (lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}), ("linear", "supported")),
+    (lambda c: c.update(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6}),
+     ("dynamic", "yarn", "llama3")),
+    (lambda c: c.update(rope_scaling={"type": "longrope", "factor": 2.0}), ("longrope", "supported")),
     (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1.0}), ("disagree",)),
     (lambda c: c.update(rope_parameters={"full_attention": {"rope_type": "default"},
-                                         "sliding_attention": {"rope_type": "default"}}), ("per layer type",)),
-    (lambda c: c.update(architectures=["MistralForCausalLM"], sliding_window=16), ("sliding-window", "16")),
-    (lambda c: c.update(architectures=["Qwen2ForCausalLM"], sliding_window=16, use_sliding_window=True),
-     ("sliding-window",)),
+                                         "chunked_attention": {"rope_type": "default"}}), ("chunked_attention",)),
+    (lambda c: c.update(architectures=["Qwen2ForCausalLM"], sliding_window=16, use_sliding_window=True,
+                        layer_types=["full_attention", "bogus"]), ("bogus", "sliding_attention")),
+    (lambda c: c.update(partial_rotary_factor=0.5), ("partial_rotary_factor",)),
 ])
-def test_rope_and_window_settings_not_understood_are_refused(tmp_path, edit, needles):
+def test_rope_and_layer_settings_not_understood_are_refused(tmp_path, edit, needles):
   path = write_hf_dir(tmp_path / "m", CFG, random_hf_params(CFG, seed=9))
   _respelled(path, edit)
   with pytest.raises(CheckpointError) as e:

@@ -125,3 +125,24 @@ def test_live_rows_per_sequence():
   np.testing.assert_array_equal(got, np.where(keep, full, 0.0))
   ref = ca.attend_cache_reference(q, k, v, 1, lengths, mask, live)
   np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("E", [8, 64])
+def test_sliding_window_start(E):
+  """A windowed layer's first visible slot per query (lo = position - W + 1): equal to the reference, long
+  contexts spanning several 256-slot chunks (chunks wholly before the window are skipped), a window start
+  inside a chunk, and a global row (lo = 0) beside windowed ones."""
+  L, B, S, K, G, T = 2, 3, 900, 2, 2, 4
+  q, k, v, _, mask = _inputs(E + 7, L, B, S, K, G, E, T)
+  lengths = jnp.asarray([850, 40, 600], jnp.int32)
+  pos_BxT = lengths[:, None] + jnp.arange(T)[None, :]
+  for W in (1, 7, 300, 2000):
+    lo = pos_BxT - (W - 1)
+    lo = lo.at[1, 0].set(0)
+    got = jax.jit(ca.attend_cache_native)(q, k, v, 1, lengths, mask, None, lo)
+    want = ca.attend_cache_reference(q, k, v, 1, lengths, mask, None, lo)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  # The window really narrows what is seen: W = 7 differs from the global result.
+  global_out = ca.attend_cache_reference(q, k, v, 1, lengths, mask)
+  assert not np.allclose(want if W == 7 else ca.attend_cache_reference(q, k, v, 1, lengths, mask, None,
+                                                                      pos_BxT - 6), global_out)

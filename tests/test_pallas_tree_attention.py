@@ -121,11 +121,12 @@ def test_lowers_for_accelerators(platform, variant, target):
   assert len(calls) == 1, calls                      # the whole attention is one kernel
   call = calls[0]
   # Its operands as the docstring of tree_attention says: layer, lengths, the packed query tile [B, K, R', E]
-  # (T*G = 10 rows padded to 16), the mask [B, R', U'] (tree tile: 16 slots on Triton, 8 on Mosaic), the KV
-  # buffers read in place (not copied or padded), and one output tile per (b, kv head).
+  # (T*G = 10 rows padded to 16), the mask [B, R', U'] (tree tile: 16 slots on Triton, 8 on Mosaic), each
+  # row's first visible slot [B, R', 1] (a sliding window's start), the KV buffers read in place (not copied or
+  # padded), and one output tile per (b, kv head).
   mask_tile = "tensor<2x16x16xi32>" if variant == "triton" else "tensor<2x16x8xi32>"
   operands = ("tensor<1xi32>, tensor<2xi32>, tensor<2x2x16x64xbf16>, " + mask_tile +
-              ", tensor<2x2x40x2x64xbf16>, tensor<2x2x40x2x64xbf16>) -> tensor<2x2x16x64xbf16>")
+              ", tensor<2x16x1xi32>, tensor<2x2x40x2x64xbf16>, tensor<2x2x40x2x64xbf16>) -> tensor<2x2x16x64xbf16>")
   assert operands in call, call[-300:]
   if variant == "triton":                            # one program per (sequence, kv head)
     import re
@@ -144,3 +145,20 @@ def test_attention_path(monkeypatch):
   monkeypatch.setenv(ATTENTION_ENV, "cuda")
   with pytest.raises(ValueError, match="native, pallas, xla"):
     attention_path("cpu")
+
+
+@pytest.mark.parametrize("variant", ["triton", "mosaic_tpu"])
+def test_sliding_window_and_softcap(variant):
+  """A windowed layer (each query's first visible slot lo = position - W + 1, prefix blocks before every
+  row's start skipped) and Gemma 2's score cap, against the reference."""
+  B, T, K, G, E, S = 3, 4, 2, 2, 16, 96
+  q, k, v, mask = make_inputs(11, B=B, T=T, K=K, G=G, E=E, S=S)
+  lengths = jnp.asarray([80, 5, 50], jnp.int32)
+  pos = lengths[:, None] + jnp.arange(T)[None, :]
+  for W, cap in ((6, None), (40, 30.0), (1000, 5.0)):
+    lo = pos - (W - 1)
+    fn = jax.jit(lambda *a: tree_attention(*a, softcap=cap, block_kv=16, variant=variant))
+    out = fn(q, k, v, jnp.int32(1), lengths, mask, lo)
+    ref = tree_attention_reference(q, k, v, 1, lengths, mask, lo, cap)
+    assert_close(out, ref, 1e-5)
+  assert not np.allclose(ref, tree_attention_reference(q, k, v, 1, lengths, mask))

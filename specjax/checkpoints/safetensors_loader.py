@@ -1,6 +1,7 @@
 """Load a Hugging Face model directory (config.json + *.safetensors + tokenizer files).
 
-Supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM.  Weights may be one
+Supported architectures: those of ``specjax.models.families`` (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3
+text); the config is read by ``families.hf_config``.  Weights may be one
 ``model.safetensors`` or sharded (``model.safetensors.index.json`` maps tensor names to shard files; without
 an index every ``*.safetensors`` file in the directory is read).  Tensors are read with the ``safetensors``
 library's numpy framework and assembled by ``specjax.models.decoder.params_from_hf_layout``.
@@ -17,29 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.checkpoints.tokenizer import Tokenizer
-from specjax.models.config import ModelConfig, RopeScaling
+from specjax.models import families
+from specjax.models.config import ModelConfig
+from specjax.models.families.base import Family
+from specjax.models.families.hf_config import config_from_hf
 from specjax.errors import CheckpointError
 from specjax.models.decoder import Params, params_from_hf_layout
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-QKV_BIAS_ARCHITECTURES = ("Qwen2ForCausalLM",)
 INDEX_FILE = "model.safetensors.index.json"
-
-# Hugging Face per-layer tensor suffix -> name used by params_from_hf_layout.
-_LAYER_TENSORS = {
-    "self_attn.q_proj.weight": "q_proj",
-    "self_attn.k_proj.weight": "k_proj",
-    "self_attn.v_proj.weight": "v_proj",
-    "self_attn.o_proj.weight": "o_proj",
-    "mlp.gate_proj.weight": "gate_proj",
-    "mlp.up_proj.weight": "up_proj",
-    "mlp.down_proj.weight": "down_proj",
-    "input_layernorm.weight": "input_layernorm",
-    "post_attention_layernorm.weight": "post_attention_layernorm",
-}
-_BIAS_TENSORS = {"self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias",
-                 "self_attn.v_proj.bias": "v_bias"}
-
 
 # ----------------------------------------------------------------------------------------------------------
 # JSON files
@@ -64,95 +50,6 @@ def _ids(value: Any) -> tuple[int, ...]:
   if isinstance(value, (list, tuple)):
     return tuple(int(v) for v in value)
   return (int(value),)
-
-
-ROPE_TYPES = ("default", "llama3")      # what ``rope_scaling_from_hf`` understands; anything else is refused
-
-
-def rope_scaling_from_hf(rope_scaling: Mapping[str, Any] | None, where: str) -> RopeScaling | None:
-  """``config.json`` ``rope_scaling`` (or transformers 5's ``rope_parameters``) -> RopeScaling: None for
-  the default rope, the "llama3" frequency scaling, and a one-line refusal for any other rope type."""
-  if not rope_scaling:
-    return None
-  kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-  if kind in (None, "default"):
-    return None
-  if kind != "llama3":
-    raise CheckpointError(f"{where}: rope type '{kind}' is not supported (supported: {', '.join(ROPE_TYPES)})")
-  try:
-    return RopeScaling(factor=float(rope_scaling["factor"]),
-                       low_freq_factor=float(rope_scaling["low_freq_factor"]),
-                       high_freq_factor=float(rope_scaling["high_freq_factor"]),
-                       original_max_position_embeddings=int(
-                           rope_scaling["original_max_position_embeddings"]))
-  except KeyError as e:
-    raise CheckpointError(f"{where}: llama3 rope_scaling is missing {e}") from e
-
-
-def rope_from_hf(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
-  """(rope theta, scaling) in either spelling: transformers 4's ``rope_theta`` and ``rope_scaling``, or
-  transformers 5's ``rope_parameters`` (``rope_type``, ``rope_theta`` and the scaling's own keys in one
-  dict).  Both given and different, or parameters per layer type (Gemma 3's local and global rope), are
-  refused rather than half read."""
-  params = config.get("rope_parameters")
-  old_theta, old_scaling = config.get("rope_theta"), config.get("rope_scaling")
-  if not params:
-    return float(old_theta if old_theta is not None else 10000.0), rope_scaling_from_hf(old_scaling, where)
-  if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
-    raise CheckpointError(f"{where}: rope_parameters per layer type ({', '.join(map(str, params))}) are not "
-                          "supported: one rope for every layer only")
-  theta = float(params.get("rope_theta", old_theta if old_theta is not None else 10000.0))
-  scaling = rope_scaling_from_hf(params, where)
-  if old_theta is not None and float(old_theta) != theta:
-    raise CheckpointError(f"{where}: rope_theta {old_theta} and rope_parameters' rope_theta {theta} disagree")
-  if old_scaling and rope_scaling_from_hf(old_scaling, where) != scaling:
-    raise CheckpointError(f"{where}: rope_scaling and rope_parameters disagree")
-  return theta, scaling
-
-
-def _check_no_window(config: Mapping[str, Any], arch: str, where: str) -> None:
-  """Refuse sliding-window attention rather than ignore it (every layer here attends to its whole context):
-  Mistral's ``sliding_window`` when shorter than the context, Qwen2's when ``use_sliding_window``."""
-  window = config.get("sliding_window")
-  if not window:
-    return
-  if arch == "Qwen2ForCausalLM" and not config.get("use_sliding_window", False):
-    return
-  context = int(config.get("max_position_embeddings", 2048))
-  if int(window) < context:
-    raise CheckpointError(f"{where}: sliding-window attention (a window of {window} positions, context "
-                          f"{context}) is not supported: past {window} positions the attention would differ "
-                          "from the model's")
-
-
-def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelConfig:
-  """A ModelConfig from a parsed Hugging Face ``config.json``."""
-  archs = config.get("architectures") or [config.get("model_type", "?")]
-  arch = archs[0]
-  if arch not in SUPPORTED_ARCHITECTURES:
-    raise CheckpointError(f"{where}: architecture '{arch}' is not supported (supported: "
-                          f"{', '.join(SUPPORTED_ARCHITECTURES)})")
-  _check_no_window(config, arch, where)
-  theta, scaling = rope_from_hf(config, where)
-  try:
-    num_heads = int(config["num_attention_heads"])
-    d_model = int(config["hidden_size"])
-    head_dim = config.get("head_dim") or d_model // num_heads
-    return ModelConfig(
-        name=name, vocab_size=int(config["vocab_size"]), num_layers=int(config["num_hidden_layers"]),
-        d_model=d_model, num_heads=num_heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads), head_dim=int(head_dim),
-        ffn_dim=int(config["intermediate_size"]), rope_theta=theta, rope_scaling=scaling,
-        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=arch in QKV_BIAS_ARCHITECTURES or bool(config.get("attention_bias", False)),
-        max_position=int(config.get("max_position_embeddings", 2048)),
-        bos_token_id=None if config.get("bos_token_id") is None else int(config["bos_token_id"]),
-        eos_token_ids=_ids(config.get("eos_token_id")))
-  except KeyError as e:
-    raise CheckpointError(f"{where}: config.json is missing {e}") from e
-  except (TypeError, ValueError) as e:
-    raise CheckpointError(f"{where}: config.json is inconsistent ({e})") from e
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,10 +109,17 @@ class _TensorReader:
       raise CheckpointError(f"{f}: cannot read tensor '{name}' ({type(e).__name__}: {detail})") from e
 
 
-def _layers(reader: _TensorReader, cfg: ModelConfig) -> list[dict[str, np.ndarray]]:
-  names = dict(_LAYER_TENSORS, **(_BIAS_TENSORS if cfg.qkv_bias else {}))
-  return [{hf: reader.get(f"model.layers.{i}.{suffix}") for suffix, hf in names.items()}
-          for i in range(cfg.num_layers)]
+def _layers(reader: _TensorReader, cfg: ModelConfig, family: Family) -> list[dict[str, np.ndarray]]:
+  """Each layer's tensors in ``params_from_hf_layout``'s naming (the family's norm offset added)."""
+  names = {k: v for k, v in family.layer_tensors.items()
+           if (cfg.qkv_bias or not k.endswith(".bias")) and (cfg.qk_norm or v not in ("q_norm", "k_norm"))}
+  return [{name: _norm_offset(reader.get(f"model.layers.{i}.{suffix}"), name, family)
+           for suffix, name in names.items()} for i in range(cfg.num_layers)]
+
+
+def _norm_offset(x: np.ndarray, name: str, family: Family) -> np.ndarray:
+  """A norm weight as the multiplier itself: Gemma stores w and multiplies by 1 + w."""
+  return x + np.float32(family.norm_offset) if family.norm_offset and "norm" in name else x
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,13 +158,14 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
     raise CheckpointError(f"{path}: not a directory")
   raw = _read_json(path / "config.json")
   cfg = config_from_hf(raw, path.name, str(path))
+  family = families.BY_NAME[cfg.family]
   tokenizer = load_hf_tokenizer(path, cfg)
   cfg = cfg.replace(bos_token_id=cfg.bos_token_id if cfg.bos_token_id is not None
                     else tokenizer.bos_token_id, eos_token_ids=tokenizer.eos_token_ids)
   reader = _TensorReader(_shard_map(path))
   try:
     embed = reader.get("model.embed_tokens.weight")
-    final_norm = reader.get("model.norm.weight")
+    final_norm = _norm_offset(reader.get("model.norm.weight"), "norm", family)
     lm_head = None
     if not cfg.tie_embeddings:
       if not reader.has("lm_head.weight"):
@@ -268,7 +173,7 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
                               "missing tensor 'lm_head.weight'")
       lm_head = reader.get("lm_head.weight")
     head_ids = _draft_vocabulary(reader, raw, cfg, lm_head)
-    layers = _layers(reader, cfg)
+    layers = _layers(reader, cfg, family)
   except CheckpointError as e:
     msg = str(e)
     raise CheckpointError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None

@@ -4,7 +4,9 @@
 //
 // over the slots j query t may see: every committed slot j < lengths[b], and the slots lengths[b] + u of the
 // region after it (u < U) with mask[b, t, u].  The mask says it all: causal for plain decoding, a token tree's
-// ancestor mask for verification, or the ancestors of a tree's frontier when a drafter extends a tree.
+// ancestor mask for verification, or the ancestors of a tree's frontier when a drafter extends a tree.  A
+// layer with a sliding window also gives lo[b, t], the first slot query t sees: slots before it are neither
+// read nor counted, so the work of a windowed layer does not grow with the context.
 //
 // Why: XLA:CPU has to read a fixed window of cache slots (the live part is data), transposes or copies it,
 // and runs the small products and the softmax as separate passes; at a 700-token context that costs more
@@ -37,6 +39,7 @@ struct Args {
   const float* v;        // [L, B, S, K, E]
   const int32_t* lengths;  // [B]
   const bool* mask;      // [B, T, U]
+  const int32_t* lo;     // [B, T]: the first visible slot of each query (0 for a layer without a window)
   float* out;            // [B, T, H, E]
   int64_t layer, B, T, U, H, E, S, K, G;
   float scale;
@@ -61,7 +64,13 @@ inline std::pair<int64_t, int64_t> Span(const Args& a, int64_t b, int64_t t) {
   return {ctx, std::min<int64_t>(ctx + span, a.S)};
 }
 
-// Where one unit reads and writes, in chunk coordinates: slot i of the view is slot j0 + i of the buffer.
+// The first slot query t of sequence b may see (its window's start).
+inline int64_t Lo(const Args& a, int64_t b, int64_t t) {
+  return std::max<int64_t>(a.lo[b * a.T + t], 0);
+}
+
+// Where one unit reads and writes, in view coordinates: slot i of the view is slot j0 + i of the buffer, where
+// j0 is the chunk's start or, in the chunk holding the query's window start, that start.
 struct UnitView {
   int64_t ctx, last;            // committed slots of the chunk, and its slots [0, last)
   const float *kb, *vb, *qrow;  // key and value rows of this kv head (stride K*E), the first query row
@@ -69,10 +78,11 @@ struct UnitView {
   float* part;                  // [G, E + 2] partial results
 };
 
-inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E, int64_t j0, float* part) {
+inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E, int64_t chunk0, float* part) {
   const int64_t KE = a.K * E;
   const auto [ctx, last] = Span(a, b, t);
-  const int64_t n = std::max<int64_t>(std::min(j0 + kChunk, last) - j0, 0);
+  const int64_t j0 = std::max(chunk0, Lo(a, b, t));
+  const int64_t n = std::max<int64_t>(std::min(chunk0 + kChunk, last) - j0, 0);
   const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E + j0 * KE;
   const int64_t q_row = ((b * a.T + t) * a.H + kh * a.G) * E;
   const bool* m = a.mask + (b * a.T + t) * a.U + std::max<int64_t>(j0 - ctx, 0);
@@ -357,18 +367,19 @@ void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float*
 void Combine(const Args& a, int64_t b, int64_t kh, int64_t t, const float* part /* [NC, G, E + 2] */) {
   const int64_t E = a.E, G = a.G, PE = E + 2;
   const int64_t nc = (Span(a, b, t).second + kChunk - 1) / kChunk;
+  const int64_t c0 = Lo(a, b, t) / kChunk;  // chunks wholly before the window were never computed
   float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
   for (int64_t g = 0; g < G; ++g) {
     float* o = orow + g * E;
     float mx = -INFINITY;
-    for (int64_t c = 0; c < nc; ++c) {
+    for (int64_t c = c0; c < nc; ++c) {
       const float* pc = part + (c * G + g) * PE;
       if (pc[E + 1] > 0.f) mx = std::max(mx, pc[E]);
     }
     for (int64_t e = 0; e < E; ++e) o[e] = 0.f;
     if (mx == -INFINITY) continue;  // nothing visible: the row comes out zero
     float den = 0.f;
-    for (int64_t c = 0; c < nc; ++c) {
+    for (int64_t c = c0; c < nc; ++c) {
       const float* pc = part + (c * G + g) * PE;
       if (!(pc[E + 1] > 0.f)) continue;
       const float w = std::exp(pc[E] - mx);
@@ -382,17 +393,18 @@ void Combine(const Args& a, int64_t b, int64_t kh, int64_t t, const float* part 
 
 ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                        ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths,
-                       ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> live_rows,
+                       ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::S32> live_rows, ffi::Buffer<ffi::S32> lo,
                        ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   if (qd.size() != 4 || kd.size() != 5 || v.dimensions() != kd || kd[1] != qd[0] || kd[4] != qd[3] ||
       qd[2] % kd[3] != 0 || lengths.element_count() != qd[0] || mask.dimensions().size() != 3 ||
       mask.dimensions()[0] != qd[0] || mask.dimensions()[1] != qd[1] ||
-      (live_rows.element_count() != 1 && live_rows.element_count() != qd[0])) {
+      (live_rows.element_count() != 1 && live_rows.element_count() != qd[0]) ||
+      lo.element_count() != qd[0] * qd[1]) {
     return ffi::Error::InvalidArgument(
         "specjax_attend_cache expects q [B,T,H,E], k and v [L,B,S,K,E], lengths [B], mask [B,T,U], "
-        "live [] or [B]");
+        "live [] or [B], lo [B,T]");
   }
   Args a;
   a.q = q.typed_data();
@@ -400,6 +412,7 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   a.v = v.typed_data();
   a.lengths = lengths.typed_data();
   a.mask = mask.typed_data();
+  a.lo = lo.typed_data();
   a.out = out->typed_data();
   a.B = qd[0], a.T = qd[1], a.U = mask.dimensions()[2], a.H = qd[2], a.E = qd[3];
   a.S = kd[2], a.K = kd[3], a.G = a.H / a.K;
@@ -434,7 +447,7 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
     const int64_t kh = u % a.K, c = (u / a.K) % NC, w = u / (a.K * NC);
     const int64_t t = w % max_live, b = w / max_live;
     const int64_t r = (b * a.K + kh) * max_live + t;
-    if (t >= live[b] || c * kChunk >= Span(a, b, t).second) return;
+    if (t >= live[b] || c * kChunk >= Span(a, b, t).second || (c + 1) * kChunk <= Lo(a, b, t)) return;
     thread_local std::vector<float> scores;
     scores.resize(static_cast<size_t>(a.G * kChunk));
     RunUnit(a, b, kh, t, c * kChunk, part + r * row_floats + c * a.G * (a.E + 2), scores.data());
@@ -457,5 +470,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttendCache, AttendCache,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

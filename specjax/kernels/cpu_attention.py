@@ -20,12 +20,14 @@ from specjax.kernels import dispatch, native
 TARGET = "specjax_attend_cache"
 
 
-def visible_slots(lengths_B: jax.Array, mask_BxTxU: jax.Array, S: int) -> jax.Array:
-  """[B, T, S] bool: committed slots, plus the region slots lengths + u that the mask allows."""
+def visible_slots(lengths_B: jax.Array, mask_BxTxU: jax.Array, S: int, lo_BxT: jax.Array | None = None) -> jax.Array:
+  """[B, T, S] bool: committed slots, plus the region slots lengths + u that the mask allows (and, for a
+  windowed layer, none before ``lo[b, t]``)."""
   B, T, U = mask_BxTxU.shape
   rel_BxTxS = jnp.broadcast_to(jnp.arange(S)[None, None, :] - lengths_B[:, None, None], (B, T, S))
   region = jnp.take_along_axis(mask_BxTxU, jnp.clip(rel_BxTxS, 0, U - 1), axis=2)
-  return (rel_BxTxS < 0) | ((rel_BxTxS < U) & region)
+  seen = (rel_BxTxS < 0) | ((rel_BxTxS < U) & region)
+  return seen if lo_BxT is None else seen & (jnp.arange(S)[None, None, :] >= lo_BxT[:, :, None])
 
 
 def causal_mask(B: int, T: int) -> jax.Array:
@@ -33,14 +35,15 @@ def causal_mask(B: int, T: int) -> jax.Array:
   return jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
 
 
-def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
-  """Plain-XLA reference: [B, T, H, E] (rows t ≥ ``live`` zero)."""
+def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None,
+                           lo_BxT=None):
+  """Plain-XLA reference: [B, T, H, E] (rows t ≥ ``live`` zero; slots before ``lo`` unseen)."""
   B, T, H, E = q_BxTxHxE.shape
   S, K = k_LxBxSxKxE.shape[2], k_LxBxSxKxE.shape[3]
   k, v = k_LxBxSxKxE[layer], v_LxBxSxKxE[layer]
   q = q_BxTxHxE.reshape(B, T, K, H // K, E)
   scores = jnp.einsum("btkge,bske->btkgs", q, k) / math.sqrt(E)
-  visible = visible_slots(lengths_B, mask_BxTxU, S)[:, :, None, None, :]
+  visible = visible_slots(lengths_B, mask_BxTxU, S, lo_BxT)[:, :, None, None, :]
   scores = jnp.where(visible, scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1)
   probs = jnp.where(visible, probs, 0.0)
@@ -52,38 +55,43 @@ def attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B
 
 
 @jax.custom_vjp
-def _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live):
+def _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live, lo_BxT):
   native.require()
   return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q_BxTxHxE.shape, jnp.float32))(
       q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, jnp.asarray(layer, jnp.int32), lengths_B.astype(jnp.int32),
-      mask_BxTxU.astype(bool), jnp.asarray(live, jnp.int32))
+      mask_BxTxU.astype(bool), jnp.asarray(live, jnp.int32), lo_BxT.astype(jnp.int32))
 
 
-def _fwd(q, k, v, layer, lengths, mask, live):
-  return _native(q, k, v, layer, lengths, mask, live), (q, k, v, layer, lengths, mask, live)
+def _fwd(q, k, v, layer, lengths, mask, live, lo):
+  return _native(q, k, v, layer, lengths, mask, live, lo), (q, k, v, layer, lengths, mask, live, lo)
 
 
 def _bwd(res, d_out):
-  q, k, v, layer, lengths, mask, live = res
-  _, vjp = jax.vjp(lambda q, k, v: attend_cache_reference(q, k, v, layer, lengths, mask, live), q, k, v)
-  return (*vjp(d_out), None, None, None, None)
+  q, k, v, layer, lengths, mask, live, lo = res
+  _, vjp = jax.vjp(lambda q, k, v: attend_cache_reference(q, k, v, layer, lengths, mask, live, lo), q, k, v)
+  return (*vjp(d_out), None, None, None, None, None)
 
 
 _native.defvjp(_fwd, _bwd)
 
 
-def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None):
+def attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None,
+                        lo_BxT=None):
   """The C++ kernel.  ``live`` (a traced count, or one per sequence [B]; default T): only the first ``live``
   new rows of each sequence are computed, the others come out zero at no cost (padded draft slots, finished
-  sequences)."""
-  live = q_BxTxHxE.shape[1] if live is None else live
-  return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
+  sequences).  ``lo_BxT`` (a windowed layer): each query's first visible slot; earlier slots are not read."""
+  B, T = q_BxTxHxE.shape[:2]
+  live = T if live is None else live
+  lo_BxT = jnp.zeros((B, T), jnp.int32) if lo_BxT is None else lo_BxT
+  return _native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live, lo_BxT)
 
 
-def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None, backends=None):
+def attend_cache(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live=None, backends=None,
+                 lo_BxT=None):
   """The native kernel when it applies (``backends``: None resolves them now, for one device), else the
   reference."""
   backends = backends or dispatch.resolve()
   if dispatch.native_attention_applies(backends, q_BxTxHxE.shape[1], q_BxTxHxE.dtype, k_LxBxSxKxE.dtype):
-    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
-  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live)
+    return attend_cache_native(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live, lo_BxT)
+  return attend_cache_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, live,
+                                lo_BxT)

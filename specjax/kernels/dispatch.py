@@ -113,9 +113,10 @@ def native_attention_applies(backends: Backends, T: int, q_dtype, cache_dtype) -
           and cache_dtype == jnp.float32)
 
 
-def attention(backends: Backends, T: int, q_dtype, cache_dtype) -> str:
-  """The attention a forward of T new rows runs: "native", "pallas" or "xla"."""
-  if native_attention_applies(backends, T, q_dtype, cache_dtype):
+def attention(backends: Backends, T: int, q_dtype, cache_dtype, softcap: bool = False) -> str:
+  """The attention a forward of T new rows runs: "native", "pallas" or "xla" (the native kernel has no
+  logit soft-cap: a model that caps its scores (Gemma 2) takes XLA there)."""
+  if not softcap and native_attention_applies(backends, T, q_dtype, cache_dtype):
     return "native"
   if backends.attention == "pallas" and T <= PALLAS_MAX_ROWS:
     return "pallas"

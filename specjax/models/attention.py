@@ -27,6 +27,23 @@ def attention_mask(lengths_B: jax.Array, T: int, S: int, extra_mask_BxTxT: jax.A
                                                             region_mask_BxTxU), S)
 
 
+def visible_at(lengths_B: jax.Array, region_BxTxU: jax.Array, slots_BxN: jax.Array,
+               lo_BxT: jax.Array | None = None) -> jax.Array:
+  """[B, T, N] bool: whether query t sees slot ``slots[b, n]``: committed (< lengths[b]) or a region slot the
+  region mask allows, and (a windowed layer) not before ``lo[b, t]``."""
+  U = region_BxTxU.shape[2]
+  rel_BxN = slots_BxN - lengths_B[:, None]
+  rel_BxTxN = jnp.broadcast_to(rel_BxN[:, None, :], region_BxTxU.shape[:2] + rel_BxN.shape[1:])
+  region = jnp.take_along_axis(region_BxTxU, jnp.clip(rel_BxTxN, 0, U - 1), axis=2)
+  seen = (rel_BxTxN < 0) | ((rel_BxTxN < U) & region)
+  return seen if lo_BxT is None else seen & (slots_BxN[:, None, :] >= lo_BxT[:, :, None])
+
+
+def softcap_scores(scores, softcap: float | None):
+  """Gemma 2's attention logit cap: c·tanh(scores / c) (identity without a cap)."""
+  return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+
+
 def region_mask(B: int, T: int, extra_mask_BxTxT=None, region_mask_BxTxU=None) -> jax.Array:
   """The visibility of the slots after the committed ones: the region mask itself, else causal over the T
   new slots (and'ed with ``extra_mask``)."""
@@ -37,14 +54,14 @@ def region_mask(B: int, T: int, extra_mask_BxTxT=None, region_mask_BxTxU=None) -
 
 
 def attend_reference(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
-                     mask_BxTxS: jax.Array) -> jax.Array:
+                     mask_BxTxS: jax.Array, softcap: float | None = None) -> jax.Array:
   """Grouped-query attention written the obvious way (the reference for ``attend``). Returns [B, T, H, E]."""
   B, T, H, E = q_BxTxHxE.shape
   K = k_BxSxKxE.shape[2]
   q = q_BxTxHxE.reshape(B, T, K, H // K, E)
   scores = jnp.einsum("btkge,bske->bkgts", q, k_BxSxKxE,
                       preferred_element_type=jnp.float32) / math.sqrt(E)
-  scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, MASK_VALUE)
+  scores = jnp.where(mask_BxTxS[:, None, None, :, :], softcap_scores(scores, softcap), MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1)
   out = jnp.einsum("bkgts,bske->btkge", probs.astype(v_BxSxKxE.dtype), v_BxSxKxE,
                    preferred_element_type=jnp.float32)
@@ -58,7 +75,7 @@ ATTEND_MIN_ROWS = 64
 
 
 def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
-           mask_BxTxS: jax.Array) -> jax.Array:
+           mask_BxTxS: jax.Array, softcap: float | None = None) -> jax.Array:
   """Grouped-query attention of T queries over S cache slots; softmax in fp32. Returns [B, T, H, E].
 
   Reads k and v in the cache's own row layout [B, S, K*E]: each query head is placed in its kv head's block
@@ -71,7 +88,7 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   if Tp > T:       # padding query rows (they see no slot and are dropped): every T takes the same kernel
     q_BxTxHxE = jnp.pad(q_BxTxHxE, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
     mask_BxTxS = jnp.pad(mask_BxTxS, ((0, 0), (0, Tp - T), (0, 0)))
-    return attend(q_BxTxHxE, k_BxSxKxE, v_BxSxKxE, mask_BxTxS)[:, :T]
+    return attend(q_BxTxHxE, k_BxSxKxE, v_BxSxKxE, mask_BxTxS, softcap)[:, :T]
   S, K = k_BxSxKxE.shape[1], k_BxSxKxE.shape[2]
   G = H // K
   dt = k_BxSxKxE.dtype
@@ -80,7 +97,8 @@ def attend(q_BxTxHxE: jax.Array, k_BxSxKxE: jax.Array, v_BxSxKxE: jax.Array,
   q_BxNxC = q_blocks.reshape(B, T * H, K * E)                                   # N = T*H, C = K*E
   scores = jnp.einsum("bnc,bsc->bns", q_BxNxC, k_BxSxKxE.reshape(B, S, K * E),
                       preferred_element_type=jnp.float32) / math.sqrt(E)
-  scores = jnp.where(mask_BxTxS[:, :, None, :], scores.reshape(B, T, H, S), MASK_VALUE)
+  scores = softcap_scores(scores.reshape(B, T, H, S), softcap)
+  scores = jnp.where(mask_BxTxS[:, :, None, :], scores, MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).reshape(B, T * H, S)
   o = jnp.einsum("bns,bsc->bnc", probs.astype(dt), v_BxSxKxE.reshape(B, S, K * E),
                  preferred_element_type=jnp.float32)

@@ -1,21 +1,6 @@
-"""A Llama-family decoder as pure functions of a parameter pytree.
-
-Parameters (layers stacked on a leading axis L and run with ``lax.scan``):
-  embed        [V, D]
-  final_norm   [D]
-  lm_head      [V, D]            only when the embeddings are not tied
-  layers:
-    attn_norm  [L, D]
-    w_qkv      [L, (H+2K)*E, D]   q, k and v projections stacked   (b_qkv [L, (H+2K)*E] with qkv_bias)
-    wo         [L, D, H*E]
-    mlp_norm   [L, D]
-    w_gate_up  [L, 2F, D]         gate and up projections stacked
-    w_down     [L, D, F]
-Matrices are stored [out, in] (the PyTorch / GGUF orientation): on XLA:CPU a batch-1 matrix-vector product
-streams that layout faster than [in, out].
-Fusing q/k/v and gate/up makes one larger matrix-vector product instead of several small ones, which is what
-a bandwidth-bound decode step wants; ``params_from_hf_layout`` builds this layout from the usual separate
-matrices (what checkpoints store).
+"""A Llama-family decoder as pure functions of a parameter pytree (its layout: ``specjax.models.params``),
+with what each model family changes (``ModelConfig``'s family fields: q/k norms, Gemma's sandwich norms and
+GeGLU, embedding and query scales, soft-caps, per-layer sliding windows and a local rope).
 
 RoPE uses the rotate-half convention (Hugging Face layout; GGUF loaders undo llama.cpp's permutation).
 """
@@ -26,7 +11,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.kernels import pallas as pallas_kernels
 from specjax.models.config import ModelConfig
@@ -36,9 +20,11 @@ from specjax.parallel import sharding
 from specjax.models.kv_cache import KVCache
 from specjax.models import attention
 from specjax.models.attention import MASK_VALUE
-from specjax.models.rope import apply_rope, rope_tables
+from specjax.models.rope import apply_rope, has_local_rope, rope_tables
 
-Params = dict[str, Any]
+from specjax.models.params import (  # noqa: F401  (the parameter functions, also reachable from here)
+    Params, cast_params, family_tensor_names, init_params, param_bytes, params_from_hf_layout, stack_layers,
+    unstack_layers)
 
 
 class ForwardOutput(NamedTuple):
@@ -46,120 +32,6 @@ class ForwardOutput(NamedTuple):
   hidden: jax.Array   # [B, T, D] final hidden states (after the final norm)
   cache: KVCache      # k/v written at lengths..lengths+T-1; lengths advanced by T
   features: jax.Array | None = None   # [B, T, F] with ``feature_layers``: what a feature drafter reads
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Parameters
-
-
-def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> Params:
-  """Random parameters (for tests and for training a draft model from scratch)."""
-  D, H, K, E, F, V, L = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                         cfg.vocab_size, cfg.num_layers)
-  keys = iter(jax.random.split(key, 12))
-
-  def dense(shape, fan_in):
-    return (jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-
-  layers = {
-      "attn_norm": jnp.ones((L, D), dtype),
-      "w_qkv": dense((L, (H + 2 * K) * E, D), D),
-      "wo": dense((L, D, H * E), H * E),
-      "mlp_norm": jnp.ones((L, D), dtype),
-      "w_gate_up": dense((L, 2 * F, D), D),
-      "w_down": dense((L, D, F), F),
-  }
-  if cfg.qkv_bias:
-    layers["b_qkv"] = dense((L, (H + 2 * K) * E), 1) * 0.1
-  # The embedding at std 1/sqrt(D), like the head it doubles as when tied: logits of order 1.  (At std 1 a
-  # tied head gives logits of order sqrt(D) and the token's own embedding dominates the residual stream, so
-  # a random model repeats one token whatever the prompt: useless for testing, greedy or sampled.)
-  params = {"embed": dense((V, D), D), "final_norm": jnp.ones((D,), dtype), "layers": layers}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = dense((V, D), D)
-  return params
-
-
-def params_from_hf_layout(cfg: ModelConfig, embed, final_norm, layers: list[dict[str, Any]],
-                          lm_head=None, dtype=jnp.float32) -> Params:
-  """Assemble specjax parameters from per-layer matrices in Hugging Face naming and orientation.
-
-  Each entry of ``layers`` holds numpy arrays ``q_proj [H*E, D]``, ``k_proj``/``v_proj [K*E, D]``,
-  ``o_proj [D, H*E]``, ``gate_proj``/``up_proj [F, D]``, ``down_proj [D, F]``, ``input_layernorm [D]``,
-  ``post_attention_layernorm [D]`` and, with ``cfg.qkv_bias``, ``q_bias``/``k_bias``/``v_bias``.
-  ``embed`` is [V, D]; ``lm_head`` [V, D] or None when tied.  Shapes are checked against ``cfg``.
-  """
-  D, H, K, E, F, V = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                      cfg.vocab_size)
-  expected = {"q_proj": (H * E, D), "k_proj": (K * E, D), "v_proj": (K * E, D), "o_proj": (D, H * E),
-              "gate_proj": (F, D), "up_proj": (F, D), "down_proj": (D, F), "input_layernorm": (D,),
-              "post_attention_layernorm": (D,)}
-  if cfg.qkv_bias:
-    expected.update(q_bias=(H * E,), k_bias=(K * E,), v_bias=(K * E,))
-  if len(layers) != cfg.num_layers:
-    raise ValueError(f"checkpoint has {len(layers)} layers but the config says {cfg.num_layers}")
-  for i, layer in enumerate(layers):
-    for name, shape in expected.items():
-      if name not in layer:
-        raise ValueError(f"layer {i} is missing tensor '{name}'")
-      if tuple(np.shape(layer[name])) != shape:
-        raise ValueError(f"layer {i} tensor '{name}' has shape {tuple(np.shape(layer[name]))}, "
-                         f"expected {shape} for config '{cfg.name}'")
-  if tuple(np.shape(embed)) != (V, D):
-    raise ValueError(f"embedding has shape {tuple(np.shape(embed))}, expected {(V, D)}")
-
-  def stack(fn):
-    return jnp.asarray(np.stack([fn(layer) for layer in layers]), dtype)
-
-  stacked = {
-      "attn_norm": stack(lambda l: l["input_layernorm"]),
-      "w_qkv": stack(lambda l: np.concatenate([l["q_proj"], l["k_proj"], l["v_proj"]], axis=0)),
-      "wo": stack(lambda l: l["o_proj"]),
-      "mlp_norm": stack(lambda l: l["post_attention_layernorm"]),
-      "w_gate_up": stack(lambda l: np.concatenate([l["gate_proj"], l["up_proj"]], axis=0)),
-      "w_down": stack(lambda l: l["down_proj"]),
-  }
-  if cfg.qkv_bias:
-    stacked["b_qkv"] = stack(lambda l: np.concatenate([l["q_bias"], l["k_bias"], l["v_bias"]]))
-  params = {"embed": jnp.asarray(embed, dtype), "final_norm": jnp.asarray(final_norm, dtype),
-            "layers": stacked}
-  if not cfg.tie_embeddings:
-    if lm_head is None:
-      raise ValueError("config has untied embeddings but the checkpoint has no lm_head")
-    params["lm_head"] = jnp.asarray(lm_head, dtype)
-  return params
-
-
-def unstack_layers(params: Params) -> Params:
-  """The same parameters with ``layers`` as a list of per-layer dicts.
-
-  On XLA:CPU a ``lax.scan`` over stacked weights copies each layer's slice before its matmuls, which makes a
-  bandwidth-bound decode step about 2x slower; a Python loop over separate per-layer arrays streams each
-  weight once.  The stacked layout stays canonical (loaders, training); this is an execution layout.
-  """
-  layers = params["layers"]
-  if isinstance(layers, (list, tuple)):
-    return params
-  L = jax.tree_util.tree_leaves(layers)[0].shape[0]
-  return {**params, "layers": [jax.tree_util.tree_map(lambda x: x[i], layers) for i in range(L)]}
-
-
-def stack_layers(params: Params) -> Params:
-  layers = params["layers"]
-  if not isinstance(layers, (list, tuple)):
-    return params
-  return {**params, "layers": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)}
-
-
-def param_bytes(params: Params) -> int:
-  return quant.param_bytes(params)
-
-
-def cast_params(params: Params, dtype) -> Params:
-  if quant.holds_quantized(params):
-    raise ValueError("cast_params: the parameters hold quantized weights; load the model in fp32 to change "
-                     "their dtype")
-  return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,7 +126,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   B, T = tokens_BxT.shape
   taps = _checked_taps(cfg, feature_layers)
   dtype = quant.activation_dtype(params)
-  x_BxTxD = _embed(params, tokens_BxT, inputs_embeds_BxTxD, dtype)
+  x_BxTxD = _embed(params, tokens_BxT, inputs_embeds_BxTxD, dtype, cfg.embed_scale)
   ctx = _layer_context(cfg, B, T, positions_BxT, cache, opts, dtype)
   (x_BxTxD, k_all, v_all), tapped = _run_layers(params, ctx, (x_BxTxD, cache.k, cache.v), taps)
   features = _features(params, cfg, x_BxTxD, tapped, feature_layers)
@@ -271,8 +143,11 @@ class _LayerContext(NamedTuple):
   B: int
   T: int
   lengths_B: jax.Array          # the committed lengths before this call
+  positions_BxT: jax.Array      # the new tokens' positions (a windowed layer's first visible slot follows them)
   cos_BxTxR: jax.Array          # RoPE tables of the new tokens' positions (R = E/2)
   sin_BxTxR: jax.Array
+  local_cos_BxTxR: jax.Array | None   # the windowed layers' own tables (Gemma 3), else None
+  local_sin_BxTxR: jax.Array | None
   region_BxTxU: jax.Array       # visibility of the slots after the committed ones
   mask_BxTxW: jax.Array         # visibility of the W window slots (XLA attention)
   windows: list[int]            # the KV window buckets, ascending; the last is W
@@ -290,10 +165,13 @@ def _checked_taps(cfg: ModelConfig, feature_layers: tuple[int, ...] | None) -> t
   return taps
 
 
-def _embed(params: Params, tokens_BxT: jax.Array, inputs_embeds_BxTxD: jax.Array | None, dtype) -> jax.Array:
-  """The first layer's input [B, T, D]: the tokens' embeddings, or the given inputs."""
+def _embed(params: Params, tokens_BxT: jax.Array, inputs_embeds_BxTxD: jax.Array | None, dtype,
+           embed_scale: float = 1.0) -> jax.Array:
+  """The first layer's input [B, T, D]: the tokens' embeddings (times the family's scale), or the given
+  inputs."""
   if inputs_embeds_BxTxD is None:
-    return quant.embed_rows(params["embed"], tokens_BxT, dtype)
+    x_BxTxD = quant.embed_rows(params["embed"], tokens_BxT, dtype)
+    return x_BxTxD if embed_scale == 1.0 else x_BxTxD * jnp.asarray(embed_scale, dtype)
   return inputs_embeds_BxTxD.astype(dtype)
 
 
@@ -309,45 +187,102 @@ def _layer_context(cfg: ModelConfig, B: int, T: int, positions_BxT: jax.Array, c
   lengths_B = cache.lengths
   windows = _kv_windows(cache.max_len, opts.kv_window, opts.kv_buckets)
   cos_BxTxR, sin_BxTxR = rope_tables(cfg, positions_BxT)
+  local_cos, local_sin = rope_tables(cfg, positions_BxT, local=True) if has_local_rope(cfg) else (None, None)
   # Mask over the window: new slots are written in the region lengths..lengths+U-1 (< W by the caller's contract).
   region_BxTxU = attention.region_mask(B, T, opts.extra_mask_BxTxT, opts.region_mask_BxTxU)
   U = region_BxTxU.shape[2]
   mask_BxTxW = cpu_attention.visible_slots(lengths_B, region_BxTxU, windows[-1])
   bucket = jnp.sum(jnp.asarray(windows[:-1], jnp.int32) < jnp.max(lengths_B) + U).astype(jnp.int32)
   backends = backends_of(cfg)
-  path = dispatch.attention(backends, T, dtype, cache.k.dtype)
+  path = dispatch.attention(backends, T, dtype, cache.k.dtype, softcap=cfg.attn_softcap is not None)
   return _LayerContext(cfg=cfg, backends=backends, dtype=dtype, B=B, T=T, lengths_B=lengths_B,
-                       cos_BxTxR=cos_BxTxR, sin_BxTxR=sin_BxTxR, region_BxTxU=region_BxTxU,
+                       positions_BxT=positions_BxT, cos_BxTxR=cos_BxTxR, sin_BxTxR=sin_BxTxR,
+                       local_cos_BxTxR=local_cos, local_sin_BxTxR=local_sin, region_BxTxU=region_BxTxU,
                        mask_BxTxW=mask_BxTxW, windows=windows, bucket=bucket, attention_path=path,
                        live_T=opts.live_T, slots_BxT=opts.slots_BxT)
 
 
+def _window(ctx: _LayerContext, layer) -> int | jax.Array:
+  """Layer ``layer``'s attention window (0: global): a Python int for an unrolled layer, traced in the scan."""
+  cfg = ctx.cfg
+  if not cfg.windowed or isinstance(layer, int):
+    return cfg.window(layer) if cfg.windowed else 0
+  return jnp.asarray(cfg.layer_windows, jnp.int32)[layer]
+
+
+def _first_visible(ctx: _LayerContext, W) -> jax.Array | None:
+  """lo [B, T]: the first slot each new query may see under window W (committed slot j holds position j, so
+  the last W positions up to the query's own are the slots > position - W); None when the layer is global."""
+  if isinstance(W, int):
+    return None if W == 0 else ctx.positions_BxT - (W - 1)
+  return jnp.where(W > 0, ctx.positions_BxT - (W - 1), 0)
+
+
 def _attend_cache(ctx: _LayerContext, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer) -> jax.Array:
   """One layer's attention of the new queries over the cache (already holding their k, v) on the call's
-  backend: the native CPU kernel, Pallas tree attention, or XLA over the window bucket.  [B, T, H, E]."""
-  # Both kernels read each sequence's live slots straight from the buffer: no window needed.
+  backend: the native CPU kernel, Pallas tree attention, or XLA over the window bucket (a windowed layer:
+  over its window's W + U - 1 slots).  [B, T, H, E]."""
+  W = _window(ctx, layer)
+  lo_BxT = _first_visible(ctx, W)
+  softcap = ctx.cfg.attn_softcap
+  # Both kernels read each sequence's live slots (from lo on) straight from the buffer: no window needed.
   if ctx.attention_path == "native":
     return cpu_attention.attend_cache_native(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer,
-                                             ctx.lengths_B, ctx.region_BxTxU, ctx.live_T)
+                                             ctx.lengths_B, ctx.region_BxTxU, ctx.live_T, lo_BxT)
   if ctx.attention_path == "pallas":
     if ctx.backends.distributed:   # a custom call GSPMD cannot split: each device runs it on its shard
       return sharding.attention_per_shard(pallas_kernels.tree_attention, ctx.backends.mesh, q_BxTxHxE,
                                           k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer, ctx.lengths_B,
-                                          ctx.region_BxTxU)
+                                          ctx.region_BxTxU, lo_BxT, softcap)
     return pallas_kernels.tree_attention(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer, ctx.lengths_B,
-                                         ctx.region_BxTxU)
+                                         ctx.region_BxTxU, lo_BxT, softcap=softcap)
+  U = ctx.region_BxTxU.shape[2]
+  if isinstance(W, int) and 0 < W and W + U - 1 < ctx.windows[-1]:
+    return _attend_window(ctx, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer, W, lo_BxT)
 
   def over(w):
-    return lambda q, k_all, v_all: attention.attend(q, k_all[layer, :, :w].astype(ctx.dtype),
-                                          v_all[layer, :, :w].astype(ctx.dtype), ctx.mask_BxTxW[:, :, :w])
+    def attend_w(q, k_all, v_all):
+      mask = ctx.mask_BxTxW[:, :, :w]
+      if lo_BxT is not None:
+        mask = mask & (jnp.arange(w)[None, None, :] >= lo_BxT[:, :, None])
+      return attention.attend(q, k_all[layer, :, :w].astype(ctx.dtype), v_all[layer, :, :w].astype(ctx.dtype),
+                              mask, softcap)
+    return attend_w
   if len(ctx.windows) == 1:
     return over(ctx.windows[0])(q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE)
   return jax.lax.switch(ctx.bucket, [over(w) for w in ctx.windows], q_BxTxHxE, k_all_LxBxSxKxE,
                         v_all_LxBxSxKxE)
 
 
-def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array):
-  """The attention norm, the fused q/k/v projection (+ bias) and RoPE on q and k: q [B,T,H,E], k, v [B,T,K,E]."""
+def _attend_window(ctx: _LayerContext, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer: int, W: int,
+                   lo_BxT) -> jax.Array:
+  """XLA attention of a windowed layer over only the N = W + U - 1 slots its queries can see, [lengths - W + 1,
+  lengths + U) per sequence, gathered from the buffer: the work does not grow with the context."""
+  U, S = ctx.region_BxTxU.shape[2], k_all_LxBxSxKxE.shape[2]
+  N = W + U - 1
+  start_B = jnp.clip(ctx.lengths_B - (W - 1), 0, S - N)
+  slots_BxN = start_B[:, None] + jnp.arange(N)[None, :]
+  k_BxNxKxE = jnp.take_along_axis(k_all_LxBxSxKxE[layer], slots_BxN[:, :, None, None], axis=1)
+  v_BxNxKxE = jnp.take_along_axis(v_all_LxBxSxKxE[layer], slots_BxN[:, :, None, None], axis=1)
+  mask_BxTxN = attention.visible_at(ctx.lengths_B, ctx.region_BxTxU, slots_BxN, lo_BxT)
+  return attention.attend(q_BxTxHxE, k_BxNxKxE.astype(ctx.dtype), v_BxNxKxE.astype(ctx.dtype), mask_BxTxN,
+                          ctx.cfg.attn_softcap)
+
+
+def _rope_of(ctx: _LayerContext, layer) -> tuple[jax.Array, jax.Array]:
+  """The RoPE tables layer ``layer`` uses: the windowed layers' own where the family has them."""
+  if ctx.local_cos_BxTxR is None:
+    return ctx.cos_BxTxR, ctx.sin_BxTxR
+  W = _window(ctx, layer)
+  if isinstance(W, int):
+    return (ctx.local_cos_BxTxR, ctx.local_sin_BxTxR) if W else (ctx.cos_BxTxR, ctx.sin_BxTxR)
+  return (jnp.where(W > 0, ctx.local_cos_BxTxR, ctx.cos_BxTxR),
+          jnp.where(W > 0, ctx.local_sin_BxTxR, ctx.sin_BxTxR))
+
+
+def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array, layer):
+  """The attention norm, the fused q/k/v projection (+ bias), the family's q/k norms and RoPE on q and k:
+  q [B,T,H,E] (scaled so that attention's 1/sqrt(E) gives the family's query scale), k, v [B,T,K,E]."""
   cfg = ctx.cfg
   B, T, H, K, E = ctx.B, ctx.T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   h_BxTxD = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
@@ -355,28 +290,46 @@ def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array):
   if cfg.qkv_bias:
     qkv = qkv + lp["b_qkv"]
   q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
-  q_BxTxHxE = apply_rope(q.reshape(B, T, H, E), ctx.cos_BxTxR, ctx.sin_BxTxR)
-  k_BxTxKxE = apply_rope(k.reshape(B, T, K, E), ctx.cos_BxTxR, ctx.sin_BxTxR)
+  q_BxTxHxE, k_BxTxKxE = q.reshape(B, T, H, E), k.reshape(B, T, K, E)
+  if cfg.qk_norm:
+    q_BxTxHxE = rms_norm(q_BxTxHxE, lp["q_norm"], cfg.norm_eps)
+    k_BxTxKxE = rms_norm(k_BxTxKxE, lp["k_norm"], cfg.norm_eps)
+  cos_BxTxR, sin_BxTxR = _rope_of(ctx, layer)
+  q_BxTxHxE = apply_rope(q_BxTxHxE, cos_BxTxR, sin_BxTxR)
+  k_BxTxKxE = apply_rope(k_BxTxKxE, cos_BxTxR, sin_BxTxR)
+  if cfg.query_scale is not None:
+    q_BxTxHxE = q_BxTxHxE * jnp.asarray(cfg.query_scale * math.sqrt(E), q_BxTxHxE.dtype)
   return q_BxTxHxE, k_BxTxKxE, v.reshape(B, T, K, E)
 
 
 def _attention_block(ctx: _LayerContext, lp: Params, x_BxTxD, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer):
   """One layer's attention with its residual: q/k/v, the new k, v written into the cache, attention, the
   output projection.  Returns (x [B,T,D], k_all, v_all)."""
-  q_BxTxHxE, k_BxTxKxE, v_BxTxKxE = _project_qkv(ctx, lp, x_BxTxD)
+  q_BxTxHxE, k_BxTxKxE, v_BxTxKxE = _project_qkv(ctx, lp, x_BxTxD, layer)
   k_all_LxBxSxKxE = attention.write_slots(k_all_LxBxSxKxE, layer, k_BxTxKxE, ctx.lengths_B, ctx.slots_BxT)
   v_all_LxBxSxKxE = attention.write_slots(v_all_LxBxSxKxE, layer, v_BxTxKxE, ctx.lengths_B, ctx.slots_BxT)
   o_BxTxHxE = _attend_cache(ctx, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer)
   HE = ctx.cfg.num_heads * ctx.cfg.head_dim
-  x_BxTxD = x_BxTxD + linear(o_BxTxHxE.reshape(ctx.B, ctx.T, HE), lp["wo"], ctx.live_T, ctx.backends)
-  return x_BxTxD, k_all_LxBxSxKxE, v_all_LxBxSxKxE
+  out_BxTxD = linear(o_BxTxHxE.reshape(ctx.B, ctx.T, HE), lp["wo"], ctx.live_T, ctx.backends)
+  if ctx.cfg.sandwich_norms:
+    out_BxTxD = rms_norm(out_BxTxD, lp["post_attn_norm"], ctx.cfg.norm_eps)
+  return x_BxTxD + out_BxTxD, k_all_LxBxSxKxE, v_all_LxBxSxKxE
+
+
+def gate(cfg: ModelConfig, gate_BxTxF: jax.Array) -> jax.Array:
+  """The gated MLP's activation: silu (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma)."""
+  return jax.nn.silu(gate_BxTxF) if cfg.activation == "silu" else jax.nn.gelu(gate_BxTxF, approximate=True)
 
 
 def _mlp_block(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array) -> jax.Array:
-  """One layer's SwiGLU MLP with its residual: norm → gate/up → silu(gate)·up → down."""
-  h_BxTxD = rms_norm(x_BxTxD, lp["mlp_norm"], ctx.cfg.norm_eps)
+  """One layer's gated MLP with its residual: norm → gate/up → act(gate)·up → down (→ Gemma's post norm)."""
+  cfg = ctx.cfg
+  h_BxTxD = rms_norm(x_BxTxD, lp["mlp_norm"], cfg.norm_eps)
   gate_BxTxF, up_BxTxF = jnp.split(linear(h_BxTxD, lp["w_gate_up"], ctx.live_T, ctx.backends), 2, axis=-1)
-  return x_BxTxD + linear(jax.nn.silu(gate_BxTxF) * up_BxTxF, lp["w_down"], ctx.live_T, ctx.backends)
+  out_BxTxD = linear(gate(cfg, gate_BxTxF) * up_BxTxF, lp["w_down"], ctx.live_T, ctx.backends)
+  if cfg.sandwich_norms:
+    out_BxTxD = rms_norm(out_BxTxD, lp["post_mlp_norm"], cfg.norm_eps)
+  return x_BxTxD + out_BxTxD
 
 
 def _run_layers(params: Params, ctx: _LayerContext, carry, taps: tuple[int, ...]):
@@ -431,5 +384,9 @@ def scatter_to_vocab(logits_BxTxVr: jax.Array, head_ids_Vr: jax.Array, vocab_siz
 
 
 def lm_head(params: Params, cfg: ModelConfig, hidden_BxTxD: jax.Array, live_T=None, backends=None) -> jax.Array:
+  """Logits [B, T, V] fp32 (soft-capped c·tanh(logits / c) where the family caps them)."""
   head_VxD = params["embed"] if cfg.tie_embeddings else params["lm_head"]
-  return linear(hidden_BxTxD, head_VxD, live_T, backends or backends_of(cfg)).astype(jnp.float32)
+  logits = linear(hidden_BxTxD, head_VxD, live_T, backends or backends_of(cfg)).astype(jnp.float32)
+  if cfg.final_softcap is not None:
+    logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
+  return logits

@@ -28,6 +28,7 @@ import dataclasses
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -51,6 +52,10 @@ RULES: dict[str, tuple] = {
     "w_down": (None, "model"),      # [D, F]: row-parallel
     "attn_norm": (None,),           # norms: replicated
     "mlp_norm": (None,),
+    "q_norm": (None,),              # [E] per head (Qwen3, Gemma 3)
+    "k_norm": (None,),
+    "post_attn_norm": (None,),      # Gemma's norms after attention and after the MLP
+    "post_mlp_norm": (None,),
     "final_norm": (None,),
 }
 # KV buffers [L, B, S, K, E]: sequences over "data", KV heads over "model"; lengths [B] over "data".
@@ -190,19 +195,26 @@ def current() -> Mesh | None:
   return getattr(_LOCAL, "mesh", None)
 
 
-def attention_per_shard(kernel, mesh: Mesh, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
+def attention_per_shard(kernel, mesh: Mesh, q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU,
+                        lo_BxT=None, softcap=None):
   """``kernel`` (same signature, e.g. ``specjax.kernels.pallas.tree_attention``) on each device's shard of
   ``mesh``: sequences over "data", query heads and KV heads over "model" (query head h reads KV head
   h // G, so the model axis splitting both H and K keeps each group on one device).  An axis that does not
-  divide B (or H and K) is left whole on that dimension: correct, just less split."""
-  B, _, H, _ = q_BxTxHxE.shape
+  divide B (or H and K) is left whole on that dimension: correct, just less split.  ``lo_BxT``: a windowed
+  layer's first visible slots (split like the sequences); ``softcap`` is passed on."""
+  B, T, H, _ = q_BxTxHxE.shape
   K = k_LxBxSxKxE.shape[3]
   d = "data" if B % mesh.shape["data"] == 0 else None
   m = "model" if H % mesh.shape["model"] == 0 and K % mesh.shape["model"] == 0 else None
   q_spec, kv_spec = P(d, None, m, None), P(None, d, None, m, None)
-  per_device = jax.shard_map(kernel, mesh=mesh, check_vma=False,
-                             in_specs=(q_spec, kv_spec, kv_spec, P(), P(d), P(d, None, None)), out_specs=q_spec)
-  return per_device(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU)
+  lo_BxT = jnp.zeros((B, T), jnp.int32) if lo_BxT is None else lo_BxT
+
+  def run(q, k, v, layer, lengths, mask, lo):
+    return kernel(q, k, v, layer, lengths, mask, lo, softcap=softcap)
+  per_device = jax.shard_map(run, mesh=mesh, check_vma=False,
+                             in_specs=(q_spec, kv_spec, kv_spec, P(), P(d), P(d, None, None), P(d, None)),
+                             out_specs=q_spec)
+  return per_device(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, lo_BxT)
 
 
 def describe(mesh: Mesh, params) -> list[dict]:

@@ -7,8 +7,10 @@ the layer.  Query heads H = K * G; query head h reads kv head h // G.  Query t o
   * every committed slot j < lengths[b] (the prefix), and
   * the tree slots lengths[b] + u, u in [0, U), for which ``mask_BxTxU[b, t, u]`` is True.
 
-Nothing else: there is no implicit causal rule, the mask says it all.  Scores are scaled by 1/sqrt(E), the
-softmax runs in float32, the output is [B, T, H, E] in q's dtype.  A row that sees no slot (lengths[b] == 0
+Nothing else: there is no implicit causal rule, the mask says it all.  A layer with a sliding window also
+gives ``lo_BxT``, each query's first visible slot: slots before it are unseen, and prefix blocks wholly before
+every row's start are not read (the work of a windowed layer does not grow with the context).  Scores are
+scaled by 1/sqrt(E) (then capped c·tanh(s / c) with ``softcap``), the softmax runs in float32, the output is [B, T, H, E] in q's dtype.  A row that sees no slot (lengths[b] == 0
 and an all-False mask row) comes out zero, never NaN.  Slots at or past min(S, lengths[b] + U) are
 irrelevant: the kernel never reads a KV block that starts past lengths[b] + U.
 
@@ -70,7 +72,8 @@ def attention_path(platform: str | None = None) -> str:
   return dispatch.platform_attention(platform)
 
 
-def tree_attention_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU):
+def tree_attention_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, lo_BxT=None,
+                             softcap=None):
   """Plain-XLA reference of the contract above: [B, T, H, E] in q's dtype."""
   B, T, H, E = q_BxTxHxE.shape
   S, K = k_LxBxSxKxE.shape[2], k_LxBxSxKxE.shape[3]
@@ -80,11 +83,16 @@ def tree_attention_reference(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths
   v_BxSxKxE = lax.dynamic_index_in_dim(v_LxBxSxKxE, layer, 0, keepdims=False).astype(jnp.float32)
   q_BxTxKxGxE = q_BxTxHxE.reshape(B, T, K, H // K, E).astype(jnp.float32)
   s_BxTxKxGxS = jnp.einsum("btkge,bske->btkgs", q_BxTxKxGxE, k_BxSxKxE, precision=hi) / math.sqrt(E)
+  if softcap is not None:
+    s_BxTxKxGxS = softcap * jnp.tanh(s_BxTxKxGxS / softcap)
   # Slot j is visible to (b, t) if committed, or a tree slot the mask allows.
   rel_Bx1xS = jnp.arange(S)[None, None, :] - lengths_B.astype(jnp.int32)[:, None, None]
   idx_BxTxS = jnp.broadcast_to(jnp.clip(rel_Bx1xS, 0, U - 1), (B, T, S))
   tree_BxTxS = (rel_Bx1xS >= 0) & (rel_Bx1xS < U) & jnp.take_along_axis(mask_BxTxU, idx_BxTxS, axis=2)
-  vis_BxTx1x1xS = ((rel_Bx1xS < 0) | tree_BxTxS)[:, :, None, None, :]
+  vis_BxTxS = (rel_Bx1xS < 0) | tree_BxTxS
+  if lo_BxT is not None:
+    vis_BxTxS = vis_BxTxS & (jnp.arange(S)[None, None, :] >= lo_BxT[:, :, None])
+  vis_BxTx1x1xS = vis_BxTxS[:, :, None, None, :]
   s_BxTxKxGxS = jnp.where(vis_BxTx1x1xS, s_BxTxKxGxS, -jnp.inf)
   m = jnp.max(s_BxTxKxGxS, axis=-1, keepdims=True)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -131,15 +139,20 @@ def _dot_nn(a_MxN, b_NxE):
                          preferred_element_type=jnp.float32)
 
 
-def _attend_tile(q_RxE, mask_RxU, length, load_kv, *, S: int, U: int, bkv: int, Up: int, scale: float):
+def _attend_tile(q_RxE, mask_RxU, lo_R, length, load_kv, *, S: int, U: int, bkv: int, Up: int, scale: float,
+                 softcap: float | None):
   """[R, E] float32 attention of one packed query tile; ``load_kv(start, n)`` -> (k [n, E], v [n, E])."""
   R, E = q_RxE.shape
   q_RxE = q_RxE.astype(jnp.float32) * scale
+  lo_Rx1 = lo_R.reshape(R, 1)
 
   def update(carry, k_NxE, v_NxE, see_RxN, live_Nx1):
     m_Rx1, l_Rx1, acc_RxE = carry
     v_NxE = jnp.where(live_Nx1, v_NxE.astype(jnp.float32), 0.0)  # a NaN in a dead slot stays out
-    s_RxN = jnp.where(see_RxN, _dot_nt(q_RxE, k_NxE.astype(jnp.float32)), -jnp.inf)
+    s_RxN = _dot_nt(q_RxE, k_NxE.astype(jnp.float32))
+    if softcap is not None:
+      s_RxN = softcap * jnp.tanh(s_RxN / softcap)
+    s_RxN = jnp.where(see_RxN, s_RxN, -jnp.inf)
     m_new = jnp.maximum(m_Rx1, jnp.max(s_RxN, axis=1, keepdims=True))
     alpha_Rx1 = jnp.exp(m_Rx1 - m_new)
     p_RxN = jnp.exp(s_RxN - m_new)
@@ -149,18 +162,20 @@ def _attend_tile(q_RxE, mask_RxU, length, load_kv, *, S: int, U: int, bkv: int, 
   carry = (jnp.full((R, 1), _NEG_BIG, jnp.float32), jnp.zeros((R, 1), jnp.float32),
            jnp.zeros((R, E), jnp.float32))
 
-  # Prefix: blocks of bkv slots up to lengths[b]; the last start is clamped to S - bkv (in bounds).
+  # Prefix: blocks of bkv slots up to lengths[b], from the block holding the earliest row's window start;
+  # the last start is clamped to S - bkv (in bounds).
   def prefix_block(i, carry):
-    lo = i * bkv
-    start = jnp.minimum(lo, S - bkv)
+    first = i * bkv
+    start = jnp.minimum(first, S - bkv)
     k_NxE, v_NxE = load_kv(start, bkv)
     j_1xN = start + lax.broadcasted_iota(jnp.int32, (1, bkv), 1)
     j_Nx1 = start + lax.broadcasted_iota(jnp.int32, (bkv, 1), 0)
-    see_1xN = (j_1xN >= lo) & (j_1xN < length)
-    live_Nx1 = (j_Nx1 >= lo) & (j_Nx1 < length)
-    return update(carry, k_NxE, v_NxE, see_1xN, live_Nx1)
+    see_RxN = (j_1xN >= first) & (j_1xN < length) & (j_1xN >= lo_Rx1)
+    live_Nx1 = (j_Nx1 >= first) & (j_Nx1 < length)
+    return update(carry, k_NxE, v_NxE, see_RxN, live_Nx1)
 
-  carry = lax.fori_loop(0, lax.div(length + (bkv - 1), bkv), prefix_block, carry)  # lengths >= 0
+  first_block = lax.div(jnp.clip(jnp.min(lo_R), 0, S), bkv)
+  carry = lax.fori_loop(first_block, lax.div(length + (bkv - 1), bkv), prefix_block, carry)  # lengths >= 0
 
   # Tree tile: Up slots from lengths[b], clamped to S - Up; tile column i is tree slot u = i - d.
   start = jnp.minimum(length, S - Up)
@@ -169,24 +184,26 @@ def _attend_tile(q_RxE, mask_RxU, length, load_kv, *, S: int, U: int, bkv: int, 
   u_UxN = lax.broadcasted_iota(jnp.int32, (Up, Up), 0)
   i_UxN = lax.broadcasted_iota(jnp.int32, (Up, Up), 1)
   shift_UxN = (i_UxN == u_UxN + d).astype(jnp.float32)
-  see_RxN = _dot_nn((mask_RxU != 0).astype(jnp.float32), shift_UxN) > 0.5
+  i_1xN = lax.broadcasted_iota(jnp.int32, (1, Up), 1)
+  see_RxN = (_dot_nn((mask_RxU != 0).astype(jnp.float32), shift_UxN) > 0.5) & (start + i_1xN >= lo_Rx1)
   i_Nx1 = lax.broadcasted_iota(jnp.int32, (Up, 1), 0)
   live_Nx1 = (i_Nx1 >= d) & (i_Nx1 < d + U)
   m_Rx1, l_Rx1, acc_RxE = update(carry, k_NxE, v_NxE, see_RxN, live_Nx1)
   return jnp.where(l_Rx1 > 0, acc_RxE / jnp.where(l_Rx1 > 0, l_Rx1, 1.0), 0.0)
 
 
-def _triton_kernel(layer_ref, lengths_ref, q_ref, mask_ref, k_ref, v_ref, o_ref, **kw):
+def _triton_kernel(layer_ref, lengths_ref, q_ref, mask_ref, lo_ref, k_ref, v_ref, o_ref, **kw):
   b, h = pl.program_id(0), pl.program_id(1)
   layer = layer_ref[0]
 
   def load_kv(start, n):
     return k_ref[layer, b, pl.ds(start, n), h, :], v_ref[layer, b, pl.ds(start, n), h, :]
 
-  o_ref[...] = _attend_tile(q_ref[...], mask_ref[...], lengths_ref[b], load_kv, **kw).astype(o_ref.dtype)
+  o_ref[...] = _attend_tile(q_ref[...], mask_ref[...], lo_ref[...], lengths_ref[b], load_kv,
+                            **kw).astype(o_ref.dtype)
 
 
-def _tpu_kernel(layer_ref, lengths_ref, q_ref, mask_ref, k_hbm, v_hbm, o_ref, kb, vb, kt, vt, **kw):
+def _tpu_kernel(layer_ref, lengths_ref, q_ref, mask_ref, lo_ref, k_hbm, v_hbm, o_ref, kb, vb, kt, vt, **kw):
   from jax.experimental.pallas import tpu as pltpu
   b, h = pl.program_id(0), pl.program_id(1)
   layer = layer_ref[0]
@@ -197,11 +214,13 @@ def _tpu_kernel(layer_ref, lengths_ref, q_ref, mask_ref, k_hbm, v_hbm, o_ref, kb
     pltpu.sync_copy(v_hbm.at[layer, b, pl.ds(start, n), h], v_buf)
     return k_buf[...], v_buf[...]
 
-  o_ref[...] = _attend_tile(q_ref[...], mask_ref[...], lengths_ref[b], load_kv, **kw).astype(o_ref.dtype)
+  o_ref[...] = _attend_tile(q_ref[...], mask_ref[...], lo_ref[...], lengths_ref[b], load_kv,
+                            **kw).astype(o_ref.dtype)
 
 
-def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, *,
-                   block_kv: int = 128, interpret: bool | None = None, variant: str | None = None):
+def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_BxTxU, lo_BxT=None, *,
+                   softcap: float | None = None, block_kv: int = 128, interpret: bool | None = None,
+                   variant: str | None = None):
   """The Pallas kernel: same contract and result as ``tree_attention_reference``.
 
   ``variant``: "triton" (GPU) or "mosaic_tpu"; default "mosaic_tpu" on a TPU backend, else "triton" (also
@@ -225,8 +244,11 @@ def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_B
   mask_BxRxU = jnp.pad(mask_BxRxU, ((0, 0), (0, Rp - R), (0, Up - U)))
   layer_1 = jnp.asarray(layer, jnp.int32).reshape(1)
   lengths_B = jnp.clip(lengths_B.astype(jnp.int32), 0, S)
+  # Each packed row's window start (padding rows start past the buffer, so they do not hold the loop back).
+  lo_BxT = jnp.zeros((B, T), jnp.int32) if lo_BxT is None else lo_BxT.astype(jnp.int32)
+  lo_BxRx1 = jnp.pad(jnp.repeat(lo_BxT, G, axis=1), ((0, 0), (0, Rp - R)), constant_values=S)[:, :, None]
 
-  kw = dict(S=S, U=U, bkv=bkv, Up=Up, scale=1.0 / math.sqrt(E))
+  kw = dict(S=S, U=U, bkv=bkv, Up=Up, scale=1.0 / math.sqrt(E), softcap=softcap)
   out_shape = jax.ShapeDtypeStruct((B, K, Rp, E), q_BxTxHxE.dtype)
   if variant == "triton":
     from jax.experimental.pallas import triton as plgpu
@@ -236,11 +258,12 @@ def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_B
         in_specs=[whole, whole,
                   pl.BlockSpec((None, None, Rp, E), lambda b, h: (b, h, 0, 0)),
                   pl.BlockSpec((None, Rp, Up), lambda b, h: (b, 0, 0)),
+                  pl.BlockSpec((None, Rp, 1), lambda b, h: (b, 0, 0)),
                   whole, whole],
         out_specs=pl.BlockSpec((None, None, Rp, E), lambda b, h: (b, h, 0, 0)),
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         interpret=interpret, name="tree_attention",
-    )(layer_1, lengths_B, q_BxKxRxE, mask_BxRxU, k_LxBxSxKxE, v_LxBxSxKxE)
+    )(layer_1, lengths_B, q_BxKxRxE, mask_BxRxU, lo_BxRx1, k_LxBxSxKxE, v_LxBxSxKxE)
   else:
     from jax.experimental.pallas import tpu as pltpu
     kv_dtype = k_LxBxSxKxE.dtype
@@ -248,6 +271,7 @@ def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_B
         num_scalar_prefetch=2, grid=(B, K),
         in_specs=[pl.BlockSpec((None, None, Rp, E), lambda b, h, *_: (b, h, 0, 0)),
                   pl.BlockSpec((None, Rp, Up), lambda b, h, *_: (b, 0, 0)),
+                  pl.BlockSpec((None, Rp, 1), lambda b, h, *_: (b, 0, 0)),
                   pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec((None, None, Rp, E), lambda b, h, *_: (b, h, 0, 0)),
         scratch_shapes=[pltpu.VMEM((bkv, E), kv_dtype), pltpu.VMEM((bkv, E), kv_dtype),
@@ -256,7 +280,7 @@ def tree_attention(q_BxTxHxE, k_LxBxSxKxE, v_LxBxSxKxE, layer, lengths_B, mask_B
         functools.partial(_tpu_kernel, **kw), out_shape=out_shape, grid_spec=grid_spec,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
         interpret=interpret, name="tree_attention",
-    )(layer_1, lengths_B, q_BxKxRxE, mask_BxRxU, k_LxBxSxKxE, v_LxBxSxKxE)
+    )(layer_1, lengths_B, q_BxKxRxE, mask_BxRxU, lo_BxRx1, k_LxBxSxKxE, v_LxBxSxKxE)
 
   o_BxKxTxGxE = o_BxKxRxE[:, :, :R].reshape(B, K, T, G, E)
   return o_BxKxTxGxE.transpose(0, 2, 1, 3, 4).reshape(B, T, H, E)

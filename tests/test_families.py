@@ -1,0 +1,148 @@
+"""Model families against Hugging Face transformers: for each family, a small random checkpoint built from the
+family's own transformers config class gives the same per-token log-probabilities (|Δ| ≤ 1e-4, fp32) and the
+same greedy tokens through specjax.  The reference outputs were recorded by
+scripts/record_family_references.py (transformers 5.25, torch 2.13); the weights are drawn here from the
+recorded tensor names with the same seed (tests/family_weights.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from family_weights import family_tensors
+from specjax import api
+from specjax.checkpoints.safetensors_loader import load_hf_dir
+from specjax.errors import CheckpointError
+from specjax.models import decoder as M
+from specjax.models.kv_cache import init_cache
+
+DATA = Path(__file__).parent / "data" / "hf_families"
+FAMILIES = sorted(p.name for p in DATA.iterdir() if (p / "reference.json").is_file())
+
+
+def write_family(tmp: Path, name: str, config_edit=None) -> tuple[Path, dict]:
+  """The recorded config (optionally edited), the weights drawn from the recorded names, the tokenizer."""
+  ref = json.loads((DATA / name / "reference.json").read_text())
+  d = tmp / name
+  d.mkdir(parents=True)
+  config = json.loads((DATA / name / "config.json").read_text())
+  if config_edit is not None:
+    config = config_edit(config)
+  (d / "config.json").write_text(json.dumps(config))
+  weights = family_tensors([(n, s) for n, s in ref["tensors"]], ref["seed"], ref["norm_center"])
+  save_file(weights, str(d / "model.safetensors"))
+  shutil.copy(DATA / "tokenizer.json", d / "tokenizer.json")
+  return d, ref
+
+
+def token_logprobs(params, cfg, ids) -> np.ndarray:
+  T = len(ids)
+  out = M.forward(params, cfg, jnp.asarray([ids]), jnp.arange(T)[None], init_cache(cfg, 1, T + 8))
+  logp = np.asarray(out.logits[0].astype(jnp.float32))
+  logp = logp - np.log(np.exp(logp - logp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logp.max(-1, keepdims=True)
+  return logp[np.arange(T - 1), ids[1:]]
+
+
+def test_every_family_recorded():
+  assert set(FAMILIES) >= {"llama", "llama-linear", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_logprobs_equal_transformers(tmp_path, name):
+  d, ref = write_family(tmp_path, name)
+  cfg, params, _ = load_hf_dir(d)
+  assert cfg.family == name.split("-")[0]
+  got = token_logprobs(params, cfg, ref["token_ids"])
+  np.testing.assert_allclose(got, ref["logprobs"], atol=1e-4, rtol=0)
+
+
+def to_transformers4(config: dict) -> dict:
+  """The same config in transformers 4's spelling: rope_theta / rope_scaling (Gemma 3: rope_local_base_freq)."""
+  config = dict(config)
+  p = config.pop("rope_parameters")
+  if "full_attention" in p:
+    config["rope_local_base_freq"] = p["sliding_attention"]["rope_theta"]
+    p = p["full_attention"]
+  p = dict(p)
+  config["rope_theta"] = p.pop("rope_theta")
+  config["rope_scaling"] = None if p.get("rope_type") == "default" else p
+  config.pop("layer_types", None)          # transformers 4 configs predate the list: the family's own rule
+  return config
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3", "gemma2"])
+def test_transformers4_spelling_loads_the_same(tmp_path, name):
+  d, ref = write_family(tmp_path, name, to_transformers4)
+  cfg, params, _ = load_hf_dir(d)
+  np.testing.assert_allclose(token_logprobs(params, cfg, ref["token_ids"]), ref["logprobs"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_score_and_generate_through_the_api(tmp_path, name):
+  """The product path: ``api.load`` (the native kernels where they apply), ``score`` over the text and greedy
+  ``generate`` from its first tokens, equal to transformers."""
+  d, ref = write_family(tmp_path, name)
+  m = api.load(str(d))
+  text = m.tokenizer.decode(ref["token_ids"], skip_special_tokens=False)
+  s = api.score(m, text)
+  assert s.token_ids == ref["token_ids"]
+  np.testing.assert_allclose(s.logprobs, ref["logprobs"], atol=1e-4, rtol=0)
+  prefix = m.tokenizer.decode(ref["token_ids"][:ref["prefix"]], skip_special_tokens=False)
+  gens, _ = api.generate(m, [prefix], max_new_tokens=len(ref["greedy"]), chat=False, ignore_eos=True)
+  assert gens[0].token_ids == ref["greedy"]
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma2"])
+def test_speculation_is_greedy_exact_past_the_window(tmp_path, name):
+  """Prompts longer than the window; n-gram and model drafters, chains and trees: the speculative output is
+  the plain greedy output."""
+  d, ref = write_family(tmp_path, name)
+  m = api.load(str(d))
+  prompts = [m.tokenizer.decode(ref["token_ids"][:n], skip_special_tokens=False) for n in (40, 70)]
+  kw = dict(max_new_tokens=24, chat=False, ignore_eos=True, batch_size=2)
+  plain = [g.token_ids for g in api.generate(m, prompts, **kw)[0]]
+  for settings in (dict(drafter="ngram", k=4), dict(drafter="ngram", tree="branch:2,2"),
+                   dict(drafter="model", k=3)):
+    extra = {"draft": m} if settings["drafter"] == "model" else {}
+    got, stats = api.generate(m, prompts, **kw, **settings, **extra)
+    assert [g.token_ids for g in got] == plain, settings
+
+
+def test_windows_and_rope_read_per_family(tmp_path):
+  d, _ = write_family(tmp_path, "gemma3")
+  cfg, _, _ = load_hf_dir(d)
+  assert cfg.layer_windows == (16, 16, 16, 16, 16, 0, 16) and cfg.local_rope_theta == 10000.0
+  assert cfg.rope_theta == 1e6 and cfg.rope_scaling.kind == "linear" and cfg.rope_scaling.factor == 8.0
+  assert cfg.qk_norm and cfg.sandwich_norms and cfg.activation == "gelu_tanh" and cfg.embed_scale == 8.0
+  assert cfg.query_scale == pytest.approx(24 ** -0.5) and cfg.tie_embeddings
+  d, _ = write_family(tmp_path, "qwen2")
+  cfg, _, _ = load_hf_dir(d)
+  assert cfg.layer_windows == (0, 16, 16) and cfg.rope_scaling.kind == "yarn" and cfg.qkv_bias
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda c: {**c, "architectures": ["Gemma3ForConditionalGeneration"]}, "architecture 'Gemma3ForConditionalGeneration'"),
+    (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "sliding_attention": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}}, "rope scaling on the sliding-window layers"),
+    (lambda c: {**c, "layer_types": ["chunked_attention"] * 7}, "layer type(s) chunked_attention"),
+    (lambda c: {**c, "use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    (lambda c: {**c, "hidden_activation": "relu"}, "hidden_activation='relu'"),
+    (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "full_attention": {
+        "rope_type": "longrope", "rope_theta": 1e6}}}, "rope type 'longrope'"),
+])
+def test_unsupported_options_refused_in_one_line(tmp_path, edit, needle):
+  d, _ = write_family(tmp_path, "gemma3", edit)
+  with pytest.raises(CheckpointError) as e:
+    load_hf_dir(d)
+  assert needle in str(e.value) and "supported" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensors_that_do_not_match_the_config_are_named(tmp_path):
+  d, _ = write_family(tmp_path, "qwen3", lambda c: {**c, "head_dim": 16})
+  with pytest.raises(CheckpointError, match="q_proj.*shape|shape.*q_proj"):
+    load_hf_dir(d)
