@@ -146,3 +146,24 @@ def test_tensors_that_do_not_match_the_config_are_named(tmp_path):
   d, _ = write_family(tmp_path, "qwen3", lambda c: {**c, "head_dim": 16})
   with pytest.raises(CheckpointError, match="q_proj.*shape|shape.*q_proj"):
     load_hf_dir(d)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_quantized_weights_and_a_2x2_mesh(tmp_path, name):
+  """bf16, int8 and int4 weights, one device and a 2x2 mesh (4 host devices, a process of its own): at every
+  weight type and on both, speculative greedy output (n-gram chain and tree) equals plain greedy output."""
+  import os
+  import subprocess
+  import sys
+  d, ref = write_family(tmp_path, name)
+  m_text = [api.load(str(d)).tokenizer.decode(ref["token_ids"][:n], skip_special_tokens=False) for n in (30, 50)]
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, str(Path(__file__).parent / "families_mesh_child.py"), str(d),
+                         json.dumps(m_text)], capture_output=True, text=True, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  for weights, runs in out.items():
+    for mesh in ("one", "2x2"):
+      plain = runs[f"plain@{mesh}"]
+      assert runs[f"ngram@{mesh}"] == plain and runs[f"tree@{mesh}"] == plain, (weights, mesh)
+  assert out["int4"]["plain@one"] != out["fp32"]["plain@one"] or out["int8"]["plain@one"] != out["fp32"]["plain@one"]

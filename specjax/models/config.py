@@ -35,6 +35,8 @@ class RopeScaling:
 
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+FAMILY_FIELDS = ("family", "qk_norm", "sandwich_norms", "activation", "embed_scale", "query_scale", "attn_softcap",
+                 "final_softcap", "layer_windows", "local_rope_theta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,18 @@ class ModelConfig:
   @property
   def windowed(self) -> bool:
     return any(self.layer_windows)
+
+  def with_layers(self, layers, **changes: Any) -> "ModelConfig":
+    """The config of a model made of this one's layers ``layers`` (a layer-skip draft, a draft initialised
+    from the target): each keeps its window."""
+    windows = tuple(self.window(i) for i in layers) if self.layer_windows else ()
+    return self.replace(num_layers=len(layers), layer_windows=windows if any(windows) else (), **changes)
+
+  def as_llama(self, **changes: Any) -> "ModelConfig":
+    """The same sizes and rope with Llama's layer (what specjax's own heads are, whatever the target's family):
+    every family field back to its default."""
+    plain = {f.name: f.default for f in dataclasses.fields(self) if f.name in FAMILY_FIELDS}
+    return self.replace(**{**plain, **changes})
 
   @property
   def group_size(self) -> int:  # G

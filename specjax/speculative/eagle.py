@@ -79,11 +79,12 @@ class EagleConfig:
 
   @property
   def layer_cfg(self) -> ModelConfig:
-    """The drafter as a one-layer model of the target's shape with an untied head of ``head_size`` rows."""
+    """The drafter as a one-layer model of the target's shape (a Llama layer, whatever the target's
+    family) with an untied head of ``head_size`` rows."""
     kind = f"fused{'_'.join(map(str, self.feature_layers))}" if self.fused else "final"
     kind += f"-par{self.parallel}" if self.parallel else ""
-    return self.target.replace(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
-                               vocab_size=self.head_size, tie_embeddings=False)
+    return self.target.as_llama(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
+                                vocab_size=self.head_size, tie_embeddings=False)
 
   def to_dict(self) -> dict:
     return {"feature_layers": list(self.feature_layers), "vocab_size": self.head_size,

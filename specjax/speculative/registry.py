@@ -119,9 +119,9 @@ def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | N
   if kind.draft_model:
     return draft_cfg
   if kind.layers:
-    return target_cfg.replace(num_layers=len(layers))
+    return target_cfg.with_layers(layers)
   if kind.head:
-    return target_cfg.replace(num_layers=1)
+    return target_cfg.as_llama(num_layers=1)
   return None
 
 
@@ -153,8 +153,7 @@ class _Inputs(NamedTuple):
 
 
 def _layerskip(x: _Inputs):
-  cfg = x.target_cfg.replace(name=f"{x.target_cfg.name}-layers{'_'.join(map(str, x.layers))}",
-                             num_layers=len(x.layers))
+  cfg = x.target_cfg.with_layers(x.layers, name=f"{x.target_cfg.name}-layers{'_'.join(map(str, x.layers))}")
   return drafters.ModelDrafter(cfg, name="layerskip", buckets=x.buckets), drafters.layer_subset(x.target_params,
                                                                                                 x.layers)
 

@@ -30,7 +30,7 @@ from specjax.training import losses
 def draft_config(target_cfg, layers: tuple[int, ...], reduced: bool = False):
   """The draft's config: the target's with ``len(layers)`` layers; a reduced head is its own (untied) matrix.
   ``vocab_size`` stays the target's: the embedding reads target ids."""
-  cfg = target_cfg.replace(name=f"{target_cfg.name}-draft{len(layers)}", num_layers=len(layers))
+  cfg = target_cfg.with_layers(layers, name=f"{target_cfg.name}-draft{len(layers)}")
   return cfg.replace(tie_embeddings=False) if reduced else cfg
 
 
