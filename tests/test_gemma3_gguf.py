@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specjax.checkpoints import catalog as registry
-from specjax.checkpoints import gguf_blocks, gguf_loader, load_gguf, quantized_cache
+from specjax.checkpoints import gguf_blocks, gguf_config, gguf_loader, load_gguf, quantized_cache
 from specjax.checkpoints.tokenizer import Tokenizer, build_gguf_spm, spm_merges
 from specjax.errors import CheckpointError
 from specjax.models import quant
@@ -246,10 +246,10 @@ def test_gemma3_at_int4_takes_over_4bit_blocks_and_requantizes_the_rest(tiny_gem
 
 def test_gemma3_windows_follow_a_per_layer_pattern_when_the_file_has_one():
   meta = {"gemma3.attention.sliding_window": 4, "gemma3.attention.sliding_window_pattern": [True, False, True]}
-  assert gguf_loader._gemma3_windows(meta, 3, Path("x.gguf")) == (4, 0, 4)
+  assert gguf_config.layer_windows(meta, "gemma3", 3, Path("x.gguf")) == (4, 0, 4)
   with pytest.raises(CheckpointError, match="3 entries for 2 layers"):
-    gguf_loader._gemma3_windows(meta, 2, Path("x.gguf"))
-  assert gguf_loader._gemma3_windows({"gemma3.attention.sliding_window": 512}, 12, Path("x.gguf")) == (
+    gguf_config.layer_windows(meta, "gemma3", 2, Path("x.gguf"))
+  assert gguf_config.layer_windows({"gemma3.attention.sliding_window": 512}, "gemma3", 12, Path("x.gguf")) == (
       (512,) * 5 + (0,) + (512,) * 5 + (0,))
 
 
