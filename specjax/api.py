@@ -74,7 +74,10 @@ class Generation:
   token's distribution).  The last position's row is zeros (no step computed it)."""
 
 
-def encode_prompts(m: Model, prompts: Sequence[str | Prompt], chat: bool = True) -> list[list[int]]:
+def encode_prompts(m: Model, prompts: Sequence[str | Prompt], chat: bool | None = None) -> list[list[int]]:
+  """Token ids of each prompt: through the chat template (``chat``; None: when the tokenizer has one — a
+  model without one is a base model, prompted with plain text), else the text as it is."""
+  chat = m.tokenizer.has_chat_template if chat is None else chat
   texts = [p.text if isinstance(p, Prompt) else p for p in prompts]
   return [m.tokenizer.encode_chat(t) if chat else m.tokenizer.encode(t) for t in texts]
 
@@ -97,7 +100,7 @@ def spec_metrics(stats: spec.SpecStats) -> dict:
 
 
 def generate(m: Model, prompts: Sequence[str | Prompt], *, max_new_tokens: int = 128, batch_size: int = 1,
-             seed: int = 0, chat: bool = True, max_len: int | None = None, ignore_eos: bool = False,
+             seed: int = 0, chat: bool | None = None, max_len: int | None = None, ignore_eos: bool = False,
              progress: bool = False, draft: Model | None = None, memory_budget: float | None = None,
              mesh=None, record: "spec.Record | None" = None, spec_: DecodeSpec | None = None,
              **settings) -> tuple[list[Generation], dict]:

@@ -74,3 +74,13 @@ def test_summary_statistics():
   lo, hi = s["speedup_ci95"]
   assert 1.0 <= lo <= s["speedup_median"] <= hi <= 2.0
   assert paired.bootstrap_median_ci(r) == (lo, hi)          # fixed seed: reproducible
+
+
+def test_a_prompt_without_decoded_tokens_has_no_ratio():
+  """A prompt whose first token ends the reply decodes nothing (0 tokens in 0 s): it is left out of the median
+  and the interval instead of making them NaN."""
+  base_s, base_t = np.array([[1.0, 1.0, 0.0]]), np.array([[10, 10, 0]])
+  spec_s, spec_t = np.array([[0.5, 0.25, 0.0]]), np.array([[10, 10, 0]])
+  out = paired.summarize(base_s, base_t, spec_s, spec_t)
+  assert out["speedup_median"] == 3.0 and np.isfinite(out["speedup_ci95"]).all()
+  assert out["speedup_by_prompt"] == [2.0, 4.0, None] and out["prompts_without_decode"] == 1

@@ -10,7 +10,8 @@ from specjax.cli import common, flags
 
 def register(sub) -> dict:
   """Add the generate, score, tokenize, bench, acceptance-vector parsers; returns their commands."""
-  g = sub.add_parser("generate", help="generate replies (chat template applied) to prompts")
+  g = sub.add_parser("generate", help="generate replies to prompts (through the chat template when the model "
+                                      "has one)")
   common.add_model_flags(g)
   src = g.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="one user message")
@@ -24,6 +25,7 @@ def register(sub) -> dict:
   g.add_argument("--top-p", type=flags.PROBABILITY, default=1.0, help="1.0 = off")
   g.add_argument("--seed", type=flags.NONNEG, default=0)
   g.add_argument("--batch-size", type=flags.COUNT, default=1)
+  g.add_argument("--raw", action="store_true", help=RAW_HELP)
   common.add_mesh_flags(g)
   common.add_drafter_flags(g)
   g.add_argument("--json", action="store_true")
@@ -48,6 +50,7 @@ def register(sub) -> dict:
   b.add_argument("--per-category", type=flags.COUNT, help="use only the first N prompts of each category")
   b.add_argument("--limit", type=flags.COUNT, help="use only the first N prompts")
   b.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+  b.add_argument("--raw", action="store_true", help=RAW_HELP)
   b.add_argument("--repeats", type=flags.COUNT, default=1,
                  help="run the whole interleaved prompt set this many times (speedup median, IQR, spread)")
   b.add_argument("--schedule", choices=["paired", "blocked"], default="paired",
@@ -79,6 +82,10 @@ def register(sub) -> dict:
           "acceptance-vector": cmd_acceptance_vector}
 
 
+RAW_HELP = ("prompts as plain text, not through the chat template (the default for a model without one: a base "
+            "model such as gemma3-270m)")
+
+
 def cmd_generate(args) -> int:
   from specjax import api
   ds = common.decode_spec(args)              # every check that needs no model, once
@@ -88,7 +95,7 @@ def cmd_generate(args) -> int:
   draft = common.load_draft(args, m, ds)
   outputs, stats = api.generate(m, prompts, spec_=ds, draft=draft, max_new_tokens=args.max_new_tokens,
                                 seed=args.seed, batch_size=args.batch_size, max_len=args.max_len, progress=True,
-                                mesh=args.mesh)
+                                mesh=args.mesh, chat=False if args.raw else None)
   stats.update(common.executables())
   result = {"outputs": [{"question_id": o.question_id, "text": o.text, "token_ids": o.token_ids}
                         for o in outputs], "stats": stats}
@@ -134,7 +141,7 @@ def cmd_bench(args) -> int:
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=args.max_len, ignore_eos=args.ignore_eos, draft=common.load_draft(args, m),
                     repeats=args.repeats, paired=args.schedule == "paired", log=common.log, mesh=args.mesh,
-                    **common.drafter_kwargs(args))
+                    chat=False if args.raw else None, **common.drafter_kwargs(args))
   res.update(common.executables())
   generations = res.pop("generations", [])
   if args.outputs:

@@ -240,11 +240,12 @@ def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: in
   return t_draft, t_verify
 
 
-def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int, max_len: int):
-  """Chat-templated prompts in batches, each padded to its own prompt bucket (as ``generate`` does): the
+def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int, max_len: int,
+                 chat: bool | None = None):
+  """Prompts (chat-templated where the model has a template; ``chat``) in batches, each padded to its own prompt bucket (as ``generate`` does): the
   decode loop is one executable per engine whatever the padding, and only prefill is compiled per bucket,
   so short prompts are not prefilled at the longest one's length."""
-  encoded = encode_prompts(m, prompts)
+  encoded = encode_prompts(m, prompts, chat)
   check_fits([len(e) for e in encoded], max_new, max_len)
   batches = []
   for s in range(0, len(encoded), batch_size):
@@ -348,9 +349,11 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           max_len: int | None = None, drafter: str = "none", k: int = 4, ngram: int = 3, draft_layers=None,
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
-          mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print) -> dict:
+          mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print,
+          chat: bool | None = None) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
+  ``chat``: prompts through the chat template (None: when the model has one; ``api.encode_prompts``).
   ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``)."""
   kind = drafter_registry.get(drafter)
   if repeats < 1:
@@ -366,7 +369,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
              for t in trees]          # a bad tree fails before any decoding
   nodes = max([c.num_nodes if c else k for c in choices]) if kind.speculates else 0
   if max_len is None:                 # buffers sized to the request (buffers.buffer_length)
-    longest = max(len(e) for e in encode_prompts(m, prompts))
+    longest = max(len(e) for e in encode_prompts(m, prompts, chat))
     max_len = buffers.buffer_length(longest, max_new_tokens, nodes)
   # A batch whose buffers cannot fit is refused with the bill before any prompt is batched or compiled.
   check_memory(m, max_len, nodes, batch_size, draft.cfg if kind.draft_model and draft is not None else None)
@@ -374,7 +377,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   timer = Timer(log)
   if batch_size > len(prompts):   # fill a large batch by cycling the prompt set
     prompts = [prompts[i % len(prompts)] for i in range(batch_size)]
-  batches = make_batches(m, prompts, batch_size, max_new_tokens, max_len)
+  batches = make_batches(m, prompts, batch_size, max_new_tokens, max_len, chat)
   eos = () if ignore_eos else tuple(m.tokenizer.eos_token_ids)
   log(f"[bench] {len(prompts)} prompts in {len(batches)} batch(es) of {batch_size}, {repeats} repeat(s), "
       f"{'paired' if paired else 'blocked'}")

@@ -10,6 +10,8 @@ Pure functions over numpy arrays; ``specjax.eval.bench`` does the decoding.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -35,10 +37,13 @@ def schedule(num_methods: int, num_prompts: int, repeats: int = 1, paired: bool 
 
 def ratios(base_s_RxP: np.ndarray, other_s_RxP: np.ndarray, base_tokens_RxP: np.ndarray,
            other_tokens_RxP: np.ndarray) -> np.ndarray:
-  """Per (repeat, prompt) speedup: other's tokens/s ÷ base's tokens/s."""
-  base = np.asarray(base_tokens_RxP, np.float64) / np.asarray(base_s_RxP, np.float64)
-  other = np.asarray(other_tokens_RxP, np.float64) / np.asarray(other_s_RxP, np.float64)
-  return other / base
+  """Per (repeat, prompt) speedup: other's tokens/s ÷ base's tokens/s; NaN where a method decoded nothing (the
+  prompt's first token was an end-of-sequence token: no decode step ran, there is no speed to compare)."""
+  base_t, other_t = np.asarray(base_tokens_RxP, np.float64), np.asarray(other_tokens_RxP, np.float64)
+  base_s, other_s = np.asarray(base_s_RxP, np.float64), np.asarray(other_s_RxP, np.float64)
+  ok = (base_t > 0) & (other_t > 0) & (base_s > 0) & (other_s > 0)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.where(ok, (other_t / other_s) / (base_t / base_s), np.nan)
 
 
 def bootstrap_median_ci(ratio_RxP: np.ndarray, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -49,7 +54,12 @@ def bootstrap_median_ci(ratio_RxP: np.ndarray, level: float = 0.95, resamples: i
   P = ratio_RxP.shape[1]
   rng = np.random.default_rng(seed)
   picks = rng.integers(0, P, size=(resamples, P))
-  medians = np.median(ratio_RxP[:, picks].transpose(1, 0, 2).reshape(resamples, -1), axis=1)
+  with np.errstate(all="ignore"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)     # a resample drawing only prompts without a ratio
+    medians = np.nanmedian(ratio_RxP[:, picks].transpose(1, 0, 2).reshape(resamples, -1), axis=1)
+  medians = medians[np.isfinite(medians)]
+  if medians.size == 0:
+    return float("nan"), float("nan")
   lo, hi = np.quantile(medians, [(1 - level) / 2, 1 - (1 - level) / 2])
   return float(lo), float(hi)
 
@@ -67,11 +77,16 @@ def summarize(base_s_RxP, base_tokens_RxP, other_s_RxP, other_tokens_RxP) -> dic
   ``speedup_iqr`` describe the per-prompt, per-repeat ratios; ``speedup_ci95`` bootstraps the median over
   prompts."""
   r = ratios(base_s_RxP, other_s_RxP, base_tokens_RxP, other_tokens_RxP)
-  q25, q50, q75 = np.quantile(r, [0.25, 0.5, 0.75])
+  finite = r[np.isfinite(r)]
+  q25, q50, q75 = np.quantile(finite, [0.25, 0.5, 0.75]) if finite.size else (np.nan,) * 3
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)     # a prompt no method decoded (all NaN)
+    by_prompt = np.nanmedian(r, axis=0)
   base_tps = float(np.sum(base_tokens_RxP) / np.sum(base_s_RxP))
   other_tps = float(np.sum(other_tokens_RxP) / np.sum(other_s_RxP))
   return {"speedup": other_tps / base_tps, "speedup_median": float(q50),
           "speedup_iqr": [float(q25), float(q75)], "speedup_ci95": list(bootstrap_median_ci(r)),
-          "speedup_by_prompt": np.median(r, axis=0).tolist(),
+          "speedup_by_prompt": [None if np.isnan(x) else float(x) for x in by_prompt],
+          "prompts_without_decode": int(np.sum(np.all(~np.isfinite(r), axis=0))),
           "ar_tokens_per_s_spread": spread(base_tokens_RxP, base_s_RxP),
           "spec_tokens_per_s_spread": spread(other_tokens_RxP, other_s_RxP)}
