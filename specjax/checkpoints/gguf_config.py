@@ -34,7 +34,7 @@ from specjax.errors import CheckpointError
 from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.rope import rope_inv_freq
 
-SUPPORTED_ARCHS = frozenset({"llama", "qwen2", "gemma3"})   # qwen3, gemma2: next, with their tests
+SUPPORTED_ARCHS = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3"})
 # The ModelConfig family of each architecture.  qwen2 files stay "llama" (a Llama layer with biases): the
 # registry's presets for the coder pair, which the real files must equal, were written so.
 FAMILY_OF_ARCH = {"llama": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3"}
