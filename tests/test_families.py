@@ -167,3 +167,47 @@ def test_quantized_weights_and_a_2x2_mesh(tmp_path, name):
       plain = runs[f"plain@{mesh}"]
       assert runs[f"ngram@{mesh}"] == plain and runs[f"tree@{mesh}"] == plain, (weights, mesh)
   assert out["int4"]["plain@one"] != out["fp32"]["plain@one"] or out["int8"]["plain@one"] != out["fp32"]["plain@one"]
+
+
+def test_sampling_on_a_windowed_family_is_lossless():
+  """The χ² harness of test_speculative on a micro model with Gemma's layer (sandwich norms, q/k norms,
+  GeGLU, √D scale, soft-caps) and a window of 4 positions on its first layer (a 3-token prompt and 3 sampled
+  tokens: the last ones no longer see the prompt's start): speculative samples have plain sampling's joint
+  distribution; an accept-everything rule is caught."""
+  from test_speculative import MICRO, AcceptAlways, _chi2_pvalue, _exact_joint, _micro_params, _spec_samples
+  from specjax.models.sampling import SamplingParams
+  from specjax.speculative import ModelDrafter, NgramDrafter
+  cfg = MICRO.replace(name="micro-gemma", family="gemma3", qk_norm=True, sandwich_norms=True,
+                      activation="gelu_tanh", embed_scale=4.0, attn_softcap=3.0, final_softcap=5.0,
+                      layer_windows=(4, 0), local_rope_theta=100.0)
+  target, draft = _micro_params(0, cfg), _micro_params(7, cfg)
+  sp = SamplingParams(temperature=1.0)
+  joint = _exact_joint(target, sp, cfg)
+  assert not np.allclose(joint, _exact_joint(target, sp, cfg.replace(layer_windows=())))   # the window bites
+  assert _chi2_pvalue(_spec_samples(target, draft, sp, drafter=ModelDrafter(cfg), cfg=cfg), joint) > 1e-3
+  assert _chi2_pvalue(_spec_samples(target, (), sp, drafter=NgramDrafter(2), cfg=cfg), joint) > 1e-3
+  broken = _spec_samples(target, draft, sp, drafter=ModelDrafter(cfg), acceptance=AcceptAlways(), cfg=cfg)
+  assert _chi2_pvalue(broken, joint) < 1e-6
+
+
+def test_long_prompts_prefill_in_chunks_like_one_block(monkeypatch):
+  """A prompt bucket past ``PREFILL_CHUNK`` is prefilled in chunks (a scan; a windowed layer reads its window
+  plus the chunk): the cache, the last prompt token's logits and the tapped features equal one block's."""
+  import jax
+  from specjax.models import config, decode
+  cfg = config.TINY.replace(layer_windows=(8, 0), local_rope_theta=100.0, max_position=1024)
+  params = M.init_params(cfg, jax.random.PRNGKey(0))
+  B, P = 2, 768
+  toks = jax.random.randint(jax.random.PRNGKey(1), (B, P), 3, cfg.vocab_size)
+  lens = jnp.asarray([700, 300])
+  cache = init_cache(cfg, B, 1024)
+  monkeypatch.setattr(decode, "PREFILL_CHUNK", 256)
+  assert decode.prefill_chunk(P) == 256
+  chunked = decode.prefill(params, cfg, cache, toks, lens, feature_layers=(0,))
+  monkeypatch.setattr(decode, "PREFILL_CHUNK", 1 << 20)
+  whole = decode.prefill(params, cfg, cache, toks, lens, feature_layers=(0,))
+  np.testing.assert_allclose(chunked.last_logits_BxV, whole.last_logits_BxV, atol=1e-5)
+  for b, n in enumerate([700, 300]):
+    np.testing.assert_allclose(chunked.cache.k[:, b, :n], whole.cache.k[:, b, :n], atol=1e-5)
+  np.testing.assert_allclose(chunked.features, whole.features, atol=1e-5)
+  assert chunked.cache.lengths.tolist() == [700, 300]

@@ -42,7 +42,7 @@ from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.models.config import ModelConfig
 from specjax.cache_location import cache_dir
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2   # 2: the config carries its model family (ModelConfig.family and the family fields)
 PARAMS_FILE = "params.safetensors"
 MODEL_FILE = "model.json"
 _CHUNK = 1 << 24

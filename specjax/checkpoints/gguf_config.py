@@ -35,9 +35,8 @@ from specjax.models.config import ModelConfig, RopeScaling
 from specjax.models.rope import rope_inv_freq
 
 SUPPORTED_ARCHS = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3"})
-# The ModelConfig family of each architecture.  qwen2 files stay "llama" (a Llama layer with biases): the
-# registry's presets for the coder pair, which the real files must equal, were written so.
-FAMILY_OF_ARCH = {"llama": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3"}
+# The ModelConfig family of each architecture (as a Hugging Face directory of the same model reads).
+FAMILY_OF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3"}
 
 # Gemma facts that GGUF metadata does not carry (llama.cpp hard-codes the same):
 GEMMA_GLOBAL_EVERY = {"gemma2": 2, "gemma3": 6}   # layer i attends globally when (i + 1) % n == 0

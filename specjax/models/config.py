@@ -156,10 +156,10 @@ SMOLLM2_135M = ModelConfig(name="smollm2-135m", vocab_size=49152, num_layers=30,
 QWEN25_CODER_1_5B = ModelConfig(name="qwen2.5-coder-1.5b", vocab_size=151936, num_layers=28, d_model=1536,
                                 num_heads=12, num_kv_heads=2, head_dim=128, ffn_dim=8960, rope_theta=1e6,
                                 norm_eps=1e-6, tie_embeddings=False, qkv_bias=True, max_position=32768,
-                                bos_token_id=151643, eos_token_ids=(151645,))
+                                bos_token_id=151643, eos_token_ids=(151645,), family="qwen2")
 QWEN25_CODER_0_5B = ModelConfig(name="qwen2.5-coder-0.5b", vocab_size=151936, num_layers=24, d_model=896,
                                 num_heads=14, num_kv_heads=2, head_dim=64, ffn_dim=4864, rope_theta=1e6,
                                 norm_eps=1e-6, tie_embeddings=False, qkv_bias=True, max_position=32768,
-                                bos_token_id=151643, eos_token_ids=(151645,))
+                                bos_token_id=151643, eos_token_ids=(151645,), family="qwen2")
 
 PRESETS: dict[str, ModelConfig] = {c.name: c for c in (TINY, SMOLLM2_135M, QWEN25_CODER_1_5B, QWEN25_CODER_0_5B)}

@@ -199,6 +199,15 @@ class Decode:
     return self.engine._replace(k_max=max(k, 1), tree=None, stats_nodes=stats_nodes)
 
 
+def check_window(cfg, nodes: int) -> None:
+  """A windowed layer's mask starts each query at its window by slot (committed slot j holds position j), which
+  reads a token tree's own slots right only while the verified block (N + 1 rows) fits in the window."""
+  windows = [w for w in cfg.layer_windows if w]
+  if windows and nodes + 1 > min(windows):
+    raise SpecjaxError(f"a tree or chain of {nodes} draft tokens verifies {nodes + 1} rows, more than "
+                       f"{cfg.name}'s sliding window of {min(windows)} positions: draft fewer tokens")
+
+
 def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int | None = None,
           prompt_lens: Sequence[int] = (), max_new_tokens: int = 0, batch_size: int | None = None,
           draft: Model | None = None, memory_budget: float | None = None) -> Decode:
@@ -215,6 +224,7 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
     draft = default_draft_model(m)             # the registry's draft for the target (or a clear error)
   if max_len is None:
     max_len = buffers.buffer_length(max(prompt_lens, default=0), max_new_tokens, ds.nodes)
+  check_window(m.cfg, ds.nodes)
   d_obj, d_params, k_max = build_drafter(m, ds, max_len=max_len, draft=draft)
   if prompt_lens:
     check_fits(list(prompt_lens), max_new_tokens, max_len)
