@@ -97,17 +97,17 @@ def test_score_and_generate_through_the_api(tmp_path, name):
   assert gens[0].token_ids == ref["greedy"]
 
 
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma2"])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_speculation_is_greedy_exact_past_the_window(tmp_path, name):
-  """Prompts longer than the window; n-gram and model drafters, chains and trees: the speculative output is
-  the plain greedy output."""
+  """Every family; prompts longer than the window where there is one; n-gram, model and layer-skip drafters,
+  chains and trees: the speculative output is the plain greedy output."""
   d, ref = write_family(tmp_path, name)
   m = api.load(str(d))
   prompts = [m.tokenizer.decode(ref["token_ids"][:n], skip_special_tokens=False) for n in (40, 70)]
   kw = dict(max_new_tokens=24, chat=False, ignore_eos=True, batch_size=2)
   plain = [g.token_ids for g in api.generate(m, prompts, **kw)[0]]
   for settings in (dict(drafter="ngram", k=4), dict(drafter="ngram", tree="branch:2,2"),
-                   dict(drafter="model", k=3)):
+                   dict(drafter="model", k=3), dict(drafter="layerskip", k=3, draft_layers="0,1")):
     extra = {"draft": m} if settings["drafter"] == "model" else {}
     got, stats = api.generate(m, prompts, **kw, **settings, **extra)
     assert [g.token_ids for g in got] == plain, settings
@@ -211,3 +211,18 @@ def test_long_prompts_prefill_in_chunks_like_one_block(monkeypatch):
     np.testing.assert_allclose(chunked.cache.k[:, b, :n], whole.cache.k[:, b, :n], atol=1e-5)
   np.testing.assert_allclose(chunked.features, whole.features, atol=1e-5)
   assert chunked.cache.lengths.tolist() == [700, 300]
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda c: {**c, "architectures": ["Qwen3MoeForCausalLM"]}, "Qwen3MoeForCausalLM"),
+    (lambda c: {**c, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}, "dynamic"),
+])
+def test_the_cli_refuses_before_reading_a_weight(tmp_path, edit, needle):
+  """`specjax score` on an unsupported architecture or rope type: exit 2, one line naming what is supported,
+  before any weight is read (the weights file here is not even a safetensors file)."""
+  from helpers import assert_clean_error, specjax_here
+  d, _ = write_family(tmp_path, "qwen3", edit)
+  (d / "model.safetensors").write_bytes(b"not weights")
+  proc = specjax_here("score", "--model", d, "--text", "hello")
+  assert proc.returncode == 2
+  assert_clean_error(proc, needle, "supported")
