@@ -226,3 +226,35 @@ def test_the_cli_refuses_before_reading_a_weight(tmp_path, edit, needle):
   proc = specjax_here("score", "--model", d, "--text", "hello")
   assert proc.returncode == 2
   assert_clean_error(proc, needle, "supported")
+
+
+def test_eagle_taps_and_the_server_on_gemma3(tmp_path):
+  """Gemma 3 (windowed layers, its own norms): an EAGLE head (untrained, exported as `specjax train` writes it;
+  a Llama layer over the target's fused features) in a chain and a tree, and the continuous batcher with
+  n-gram drafts and requests arriving while others decode: plain greedy tokens every time."""
+  import jax
+  from specjax.checkpoints import drafter_io
+  from specjax.serving import batcher as bt, factory
+  from specjax.speculative import eagle
+  d, ref = write_family(tmp_path, "gemma3")
+  m = api.load(str(d))
+  prompts = [m.tokenizer.decode(ref["token_ids"][:n], skip_special_tokens=False) for n in (40, 70)]
+  kw = dict(max_new_tokens=16, chat=False, ignore_eos=True, batch_size=2)
+  plain = [g.token_ids for g in api.generate(m, prompts, **kw)[0]]
+  ecfg = eagle.EagleConfig(m.cfg, (1, 5), 0)
+  head = drafter_io.save_drafter(tmp_path / "eagle", ecfg, eagle.init_trainable(ecfg, jax.random.PRNGKey(1)),
+                                 target_name=m.source, tokenizer=m.tokenizer)
+  for settings in (dict(k=3), dict(tree="branch:2,2")):
+    got = api.generate(m, prompts, drafter="eagle", draft=str(head), **kw, **settings)[0]
+    assert [g.token_ids for g in got] == plain, settings
+  eng = factory.make_batcher(m, drafter="ngram", policy="fixed", k=3, buckets=(32, 64, 128), slots=2,
+                             max_len=128)
+  ids = [m.tokenizer.encode(p) for p in prompts]
+  reqs = [bt.Request(e, 16, rid=i) for i, e in enumerate(ids + ids[:1])]
+  pending = list(reqs)
+  while pending or not all(r.done for r in reqs):
+    if pending:
+      eng.submit(pending.pop(0))
+    eng.step()
+  with_eos = [g.token_ids for g in api.generate(m, prompts, max_new_tokens=16, chat=False, batch_size=2)[0]]
+  assert [r.tokens for r in reqs] == with_eos + with_eos[:1]
