@@ -9,7 +9,7 @@ import pytest
 
 from specjax.models import config, decoder as model
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, registry, suffix
+from specjax.speculative import medusa, drafters, eagle, registry, suffix
 from specjax.speculative.protocol import Drafter, FeatureDrafter, LearningDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +23,9 @@ def test_every_kind_is_consistent():
     assert not (kind.ngram_caps and not kind.ngram), name
   assert set(registry.DRAFT_MODEL_NAMES) == {"model", "hybrid"}
   assert "hybrid" not in registry.TREE_NAMES and "ngram" in registry.TREE_NAMES
-  with pytest.raises(SpecjaxError, match="unknown drafter 'medusa': choose one of none, ngram"):
-    registry.get("medusa")
+  with pytest.raises(SpecjaxError, match="unknown drafter 'lookahead': choose one of none, ngram"):
+    registry.get("lookahead")
+  assert {k.head_layout for k in registry.KINDS.values()} == {"specjax", "medusa"}
 
 
 def test_build_gives_what_each_kind_says():
@@ -54,7 +55,7 @@ def test_build_gives_what_each_kind_says():
 
 
 def test_kind_properties_say_what_draft_names():
-  assert [n for n, k in registry.KINDS.items() if k.head] == ["eagle", "eagle-parallel", "eagle-hybrid"]
+  assert [n for n, k in registry.KINDS.items() if k.head] == ["eagle", "eagle-parallel", "eagle-hybrid", "medusa"]
   assert all(not (k.head and k.draft_model) for k in registry.KINDS.values())
   assert registry.speculating_help() == "--drafter " + ", ".join(n for n in registry.NAMES if n != "none")
   assert registry.speculating_help().startswith("--drafter ngram, layerskip, model, hybrid, eagle")
@@ -64,6 +65,8 @@ def _built(name: str, cfg, params):
   """The drafter the registry builds for ``name`` (a head's params are not read while building)."""
   parallel = 3 if name == "eagle-parallel" else 0
   head = (eagle.EagleConfig(cfg, (), 0, parallel=parallel), {})
+  if registry.get(name).head_layout == "medusa":
+    head = (medusa.MedusaConfig(cfg, num_heads=3), {})
   return registry.build(registry.get(name), cfg, params, k=3, depth=None, buckets=(64,), layers=(0,),
                         draft_cfg=cfg, draft_params=params, head=head)[0]
 

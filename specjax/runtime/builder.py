@@ -55,7 +55,8 @@ def build_drafter(m: Model, ds: DecodeSpec, *, max_len: int, draft: "Model | str
   if kind.layers:
     inputs["layers"] = parse_layers(ds.draft_layers, m.cfg.num_layers)
   if kind.head:
-    inputs["head"] = _eagle_head(m, draft, ds.head_weights)
+    inputs["head"] = (_medusa_head(m, draft) if kind.head_layout == "medusa"
+                      else _eagle_head(m, draft, ds.head_weights))
   if kind.draft_model:
     if draft is None:
       draft = default_draft_model(m)
@@ -137,6 +138,18 @@ def _eagle_head(m: Model, draft, weights: str | None = None):
     params = quantize_head(params, weights)
     exec_params = model_lib.unstack_layers(params) if jax.default_backend() == "cpu" else params
     m.companions[key] = (ecfg, exec_params)
+  return m.companions[key]
+
+
+def _medusa_head(m: Model, draft):
+  """Medusa heads in their published layout (``checkpoints/medusa_io.py``) for the target ``m``, kept with it."""
+  from specjax.checkpoints import medusa_io
+  if draft is None or not isinstance(draft, (str, os.PathLike)):
+    raise SpecjaxError("drafter 'medusa' needs Medusa heads: pass --draft DIR (config.json with "
+                       "medusa_num_heads, medusa_lm_head.safetensors)")
+  key = ("medusa-params", os.path.abspath(draft))
+  if key not in m.companions:
+    m.companions[key] = medusa_io.load_medusa(draft, m.cfg)
   return m.companions[key]
 
 

@@ -5,7 +5,7 @@ A drafter is a frozen dataclass: static and hashable (it rides in ``Engine``, a 
 parameters and its state are pytrees passed in and returned, never kept on the drafter.  Every drafter the
 registry builds satisfies ``Drafter`` (``tests/test_drafter_registry.py``): ``NoDrafter``, ``NgramDrafter``,
 ``ModelDrafter`` (a draft model, or layer-skip), ``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``,
-``EagleLookupDrafter`` and ``SuffixDrafter``.
+``EagleLookupDrafter``, ``MedusaDrafter`` and ``SuffixDrafter``.
 
 One step, as ``engine.spec_step`` calls it:
 
@@ -30,13 +30,15 @@ from specjax.speculative.drafters import Draft, DynamicShape
 from specjax.speculative.eagle import EagleState
 from specjax.speculative.eagle_lookup import EagleLookupState
 from specjax.speculative.hybrid import HybridState
+from specjax.speculative.medusa import MedusaState
 from specjax.speculative.trees.static import StaticTree
 
-DraftState: TypeAlias = Union[tuple[()], KVCache, EagleState, HybridState, EagleLookupState]
+DraftState: TypeAlias = Union[tuple[()], KVCache, EagleState, HybridState, EagleLookupState, MedusaState]
 """A drafter's state between steps (a pytree; ``SpecState.draft``), as its ``init`` makes it: ``()`` for the
 drafters that keep none (``NoDrafter``, ``NgramDrafter``, ``SuffixDrafter``: they read the engine's sequence
 buffer), the draft model's own KV cache (``ModelDrafter``), ``EagleState`` (``EagleDrafter``,
-``ParallelEagleDrafter``), ``HybridState`` (``HybridDrafter``), ``EagleLookupState`` (``EagleLookupDrafter``)."""
+``ParallelEagleDrafter``), ``HybridState`` (``HybridDrafter``), ``EagleLookupState`` (``EagleLookupDrafter``),
+``MedusaState`` (``MedusaDrafter``: the root's producing hidden state)."""
 
 DraftShape: TypeAlias = Union[StaticTree, DynamicShape]
 """The tree a step drafts: a static shape (chain, branching, paths, Sequoia) or one chosen every step."""

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, suffix
+from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, medusa, suffix
 from specjax.speculative.protocol import Drafter
 
 
@@ -38,6 +38,7 @@ class Kind:
   stateless: bool = False       # keeps no draft cache (k = 0 may run a plain engine beside it)
   priced: bool = True           # the cost model prices its chains (a hybrid's steps mix free and model drafts)
   learns: bool = False          # its draft params are an index of finished sequences (``absorb`` them)
+  head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``) or "medusa" (published)
 
   @property
   def draft_model(self) -> bool:
@@ -64,6 +65,8 @@ KINDS = {k.name: k for k in (
          draft="head"),
     Kind("eagle-hybrid", "prompt lookup where the last n tokens repeat, a trained feature drafter elsewhere",
          draft="head", trees=False, ngram=True, priced=False),
+    Kind("medusa", "Medusa-1 heads (published layout) on the target's last hidden state, one per depth",
+         draft="head", head_layout="medusa"),
     Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
          "requests and the batch", stateless=True, learns=True),
 )}
@@ -188,6 +191,15 @@ def _eagle_hybrid(x: _Inputs):
                                           min_match=x.ngram), params)
 
 
+def _medusa(x: _Inputs):
+  mcfg, params = x.head
+  depth = x.depth or x.k
+  if depth > mcfg.num_heads:
+    raise SpecjaxError(f"{mcfg.num_heads} Medusa heads draft {mcfg.num_heads} deep; --k/--tree asks for depth "
+                       f"{depth}: use --k {mcfg.num_heads} or a tree at most {mcfg.num_heads} deep")
+  return medusa.MedusaDrafter(x.target_cfg, buckets=x.buckets, mcfg=mcfg), params
+
+
 # One builder per kind (a new drafter: a Kind above and its builder here).
 _BUILDERS = {
     "none": lambda x: (drafters.NoDrafter(), ()),
@@ -199,6 +211,7 @@ _BUILDERS = {
     "eagle": _eagle,
     "eagle-parallel": _eagle_parallel,
     "eagle-hybrid": _eagle_hybrid,
+    "medusa": _medusa,
     "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index(x.index_tokens or suffix.DEFAULT_CORPUS_TOKENS)),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
