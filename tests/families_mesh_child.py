@@ -1,6 +1,7 @@
-"""Run by tests/test_families.py in a process of its own with 4 host CPU devices: for a family checkpoint
-directory (argv[1]), greedy decoding at each weight type (fp32, bf16, int8, int4), on one device and on a 2x2
-mesh, plain and speculative (n-gram chain, n-gram tree); prints JSON {weights: {run: token ids}}."""
+"""Run by tests/test_families.py in a process of its own with 4 host CPU devices: for each family checkpoint
+directory given (argv[1], a JSON {dir: [prompt, ...]}), greedy decoding at bf16, int8 and int4 weights (``RUNS``:
+on a 2x2 mesh, and int4 on one device too), plain and speculative; prints JSON
+{dir: {weights: {"plain@MESH" | "ngram@MESH" | "tree@MESH": token ids}}}."""
 import json
 import os
 import sys
@@ -9,16 +10,21 @@ assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "
 
 from specjax import api  # noqa: E402
 
-path, prompts = sys.argv[1], json.loads(sys.argv[2])
+# Every weight type on the 2x2 mesh (the sharded quantized matrices); int4 also on one device (the native
+# int4 kernel): plain and speculative (an n-gram tree on the mesh, a chain on one device).
+RUNS = {"bf16": [("2x2", "tree")], "int8": [("2x2", "tree")], "int4": [("2x2", "tree"), (None, "ngram")]}
+SETTINGS = {"ngram": dict(drafter="ngram", k=3), "tree": dict(drafter="ngram", tree="branch:2,2")}
+
 out = {}
-for weights in ("fp32", "bf16", "int8", "int4"):
-  m = api.load(path, weights=weights)
-  kw = dict(max_new_tokens=20, chat=False, ignore_eos=True, batch_size=2)
-  runs = {}
-  for mesh in (None, "2x2"):
-    for name, settings in (("plain", {}), ("ngram", dict(drafter="ngram", k=3)),
-                           ("tree", dict(drafter="ngram", tree="branch:2,2"))):
-      gens, _ = api.generate(m, prompts, mesh=mesh, **kw, **settings)
-      runs[f"{name}@{mesh or 'one'}"] = [g.token_ids for g in gens]
-  out[weights] = runs
+for path, prompts in json.loads(sys.argv[1]).items():
+  out[path] = {}
+  for weights, runs_asked in RUNS.items():
+    m = api.load(path, weights=weights)
+    kw = dict(max_new_tokens=16, chat=False, ignore_eos=True, batch_size=2)
+    runs = {}
+    for mesh, name in runs_asked:
+      for label, settings in (("plain", {}), (name, SETTINGS[name])):
+        gens, _ = api.generate(m, prompts, mesh=mesh, **kw, **settings)
+        runs[f"{label}@{mesh or 'one'}"] = [g.token_ids for g in gens]
+    out[path][weights] = runs
 print(json.dumps(out))

@@ -310,8 +310,13 @@ def test_weights_experiment_at_tiny_size(tmp_path):
   assert abs(rows["int8"]["perplexity_vs_fp32"]) < 0.05
   assert all(0 < r["predicted_verify_ms_T1"] < r["predicted_verify_ms_T4"] and r["predicted_speedup_ngram k3"] > 0
              for r in rows.values())
-  assert all(r["oracle_ceiling_rows"] == 4 and abs(r["oracle_ceiling"] - 4 * r["verify_ms_T1"] / r["verify_ms_T4"]) < 0.01
-             for r in rows.values())
+  # The ceiling is 4 t(1) / t(4) of the unrounded times; the row's times are rounded to 1 µs, so the check
+  # allows exactly that rounding (a tiny model's times are tens of µs: a fixed tolerance flaked under load).
+  h = 5e-4
+  for r in rows.values():
+    t1, t4 = r["verify_ms_T1"], r["verify_ms_T4"]
+    assert r["oracle_ceiling_rows"] == 4
+    assert 4 * (t1 - h) / (t4 + h) - 1e-3 <= r["oracle_ceiling"] <= 4 * (t1 + h) / max(t4 - h, 1e-9) + 1e-3
   wx.plot(res, tmp_path)
   assert (tmp_path / "verify_cost_by_weights.png").is_file()
 
