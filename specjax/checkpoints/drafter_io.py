@@ -157,6 +157,9 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
   from safetensors.numpy import load_file
   from specjax.speculative import eagle
   path = Path(path)
+  from specjax.checkpoints import eagle1_io
+  if eagle1_io.is_eagle1_dir(path):           # a published EAGLE-1/2 drafter
+    return eagle1_io.load_eagle1(path, target_cfg, target_params)
   config = read_config(path)
   want = config["target"]
   if want["vocab_size"] != target_cfg.vocab_size or want["d_model"] != target_cfg.d_model:

@@ -36,7 +36,7 @@ class RopeScaling:
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 FAMILY_FIELDS = ("family", "qk_norm", "sandwich_norms", "activation", "embed_scale", "query_scale", "attn_softcap",
-                 "final_softcap", "layer_windows", "local_rope_theta")
+                 "final_softcap", "layer_windows", "local_rope_theta", "input_norm", "final_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,10 @@ class ModelConfig:
   # sliding window).  () = every layer global.
   layer_windows: tuple[int, ...] = ()
   local_rope_theta: float | None = None  # windowed layers' RoPE base, unscaled (Gemma 3); None: as global
+  # Heads published without some of a Llama layer's norms (EAGLE-1/2's drafter: no norm before its layer's
+  # attention, none before the head).
+  input_norm: bool = True     # RMSNorm before each layer's attention (attn_norm)
+  final_norm: bool = True     # RMSNorm before the head (final_norm)
   # Not the model but where it runs: the kernels its ops take here (``kernels.dispatch.Backends``), resolved
   # when it is loaded or put on a mesh; None for a config built by hand (resolved when traced).  Static like
   # the rest, so a forward compiled for one set of backends is never reused for another.

@@ -285,7 +285,7 @@ def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array, layer):
   q [B,T,H,E] (scaled so that attention's 1/sqrt(E) gives the family's query scale), k, v [B,T,K,E]."""
   cfg = ctx.cfg
   B, T, H, K, E = ctx.B, ctx.T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  h_BxTxD = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps)
+  h_BxTxD = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps) if cfg.input_norm else x_BxTxD
   qkv = linear(h_BxTxD, lp["w_qkv"], ctx.live_T, ctx.backends)
   if cfg.qkv_bias:
     qkv = qkv + lp["b_qkv"]
@@ -361,7 +361,7 @@ def _features(params: Params, cfg: ModelConfig, x_BxTxD: jax.Array, tapped: list
     return None
   if tapped:                           # layer indices: their residual streams side by side
     return jnp.concatenate(tapped, axis=-1)
-  return rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps)
+  return rms_norm(x_BxTxD, params["final_norm"], cfg.norm_eps) if cfg.final_norm else x_BxTxD
 
 
 def _final_head(params: Params, ctx: _LayerContext, x_BxTxD: jax.Array, head_index_B: jax.Array | None):
@@ -370,7 +370,7 @@ def _final_head(params: Params, ctx: _LayerContext, x_BxTxD: jax.Array, head_ind
   if head_index_B is not None:         # one row per sequence [B], or several [B, J]
     rows_BxJ = head_index_B if head_index_B.ndim == 2 else head_index_B[:, None]
     x_BxTxD = jnp.take_along_axis(x_BxTxD, rows_BxJ[:, :, None], axis=1)
-  hidden_BxJxD = rms_norm(x_BxTxD, params["final_norm"], ctx.cfg.norm_eps)
+  hidden_BxJxD = rms_norm(x_BxTxD, params["final_norm"], ctx.cfg.norm_eps) if ctx.cfg.final_norm else x_BxTxD
   logits_BxJxV = lm_head(params, ctx.cfg, hidden_BxJxD, None if head_index_B is not None else ctx.live_T,
                          ctx.backends)
   return hidden_BxJxD, logits_BxJxV

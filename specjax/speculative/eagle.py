@@ -41,6 +41,9 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
 
 
+LAYOUTS = ("specjax", "eagle1")
+
+
 @dataclasses.dataclass(frozen=True)
 class EagleConfig:
   """Static description of a feature drafter for a given target (hashable)."""
@@ -49,6 +52,9 @@ class EagleConfig:
   vocab_size: int = 0                      # draft head rows; 0 = the target's vocabulary
   parallel: int = 0                        # K > 0: a parallel drafter (``eagle_parallel``) drafting K positions
                                            # in one forward (K - 1 learned placeholders); 0: sequential
+  layout: str = "specjax"                  # "specjax" (trained here) or "eagle1": a published EAGLE-1/2 drafter
+                                           # (fc with a bias, no norm before its attention or its head, RoPE
+                                           # base 10000 whatever the target's, as the EAGLE package computes it)
 
   def __post_init__(self):
     if self.vocab_size == self.target.vocab_size:       # one spelling of "the full vocabulary"
@@ -57,6 +63,8 @@ class EagleConfig:
       raise ValueError(f"draft vocabulary of {self.vocab_size} tokens: use 1..{self.target.vocab_size} (0 = all)")
     if self.parallel == 1 or self.parallel < 0:
       raise ValueError(f"a parallel drafter drafts K >= 2 positions per forward, got {self.parallel} (0: sequential)")
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"EAGLE layout '{self.layout}': use one of {', '.join(LAYOUTS)}")
     if any(not 0 <= i < self.target.num_layers for i in self.feature_layers):
       raise ValueError(f"feature layers {list(self.feature_layers)} outside the target's "
                        f"{self.target.num_layers} layers")
@@ -83,11 +91,16 @@ class EagleConfig:
     family) with an untied head of ``head_size`` rows."""
     kind = f"fused{'_'.join(map(str, self.feature_layers))}" if self.fused else "final"
     kind += f"-par{self.parallel}" if self.parallel else ""
-    return self.target.as_llama(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
-                                vocab_size=self.head_size, tie_embeddings=False)
+    cfg = self.target.as_llama(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
+                               vocab_size=self.head_size, tie_embeddings=False)
+    if self.layout == "eagle1":
+      cfg = cfg.replace(name=cfg.name + "-eagle1", input_norm=False, final_norm=False, rope_theta=10000.0,
+                        rope_scaling=None)
+    return cfg
 
   def to_dict(self) -> dict:
-    return {"feature_layers": list(self.feature_layers), "vocab_size": self.head_size,
+    return {**({"layout": self.layout} if self.layout != "specjax" else {}),
+            "feature_layers": list(self.feature_layers), "vocab_size": self.head_size,
             "target_vocab_size": self.target.vocab_size, "d_model": self.target.d_model,
             **({"parallel": self.parallel} if self.parallel else {})}
 
@@ -148,11 +161,12 @@ def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Arr
 
 
 def input_proj(params, tokens_BxT: jax.Array, g_BxTxM: jax.Array, backends=None) -> jax.Array:
-  """fc([embed(x) ; g]) [B, T, M] (``backends``: the drafter's, ``model.backends_of``)."""
+  """fc([embed(x) ; g]) (+ its bias where the head has one) [B, T, M] (``backends``: the drafter's,
+  ``model.backends_of``)."""
   e = quant.embed_rows(params["embed"], tokens_BxT, jnp.float32)
   x = jnp.concatenate([e, g_BxTxM.astype(jnp.float32)], axis=-1)
-  B, T, _ = x.shape
-  return model_lib.linear(x, params["fc"], backends=backends)
+  y = model_lib.linear(x, params["fc"], backends=backends)
+  return y + params["fc_bias"] if "fc_bias" in params else y        # EAGLE-1's fc has a bias
 
 
 def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.Array:
