@@ -26,25 +26,15 @@ from eagle.model.configs import EConfig
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from family_weights import family_tensors  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+from hf_family_target import family_target  # noqa: E402
 
-FAMILY = ROOT / "tests" / "data" / "hf_families" / "llama"
 OUT = ROOT / "tests" / "data" / "eagle1"
 PREFIXES = [8, 23, 40, 64, 90]
 
 
-def target():
-  ref = json.loads((FAMILY / "reference.json").read_text())
-  config = transformers.LlamaConfig.from_pretrained(FAMILY)
-  model = transformers.LlamaForCausalLM(config).eval()
-  weights = family_tensors([(n, s) for n, s in ref["tensors"]], ref["seed"], ref["norm_center"])
-  model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
-  return model, ref["token_ids"]
-
-
 def main() -> None:
-  base, ids = target()
+  base, ids = family_target("llama")
   c = base.config
   econfig = EConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                     num_hidden_layers=1, num_attention_heads=c.num_attention_heads,

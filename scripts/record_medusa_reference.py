@@ -26,26 +26,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from family_weights import family_tensors  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+from hf_family_target import family_target  # noqa: E402
 
-FAMILY = ROOT / "tests" / "data" / "hf_families" / "llama"
 OUT = ROOT / "tests" / "data" / "medusa"
 VARIANTS = {"k3r1": (3, 1), "k2r2": (2, 2)}     # heads, residual blocks per head
 POSITIONS = [10, 20, 30, 40, 50, 60, 70, 95]
 
 
-def base_model():
-  ref = json.loads((FAMILY / "reference.json").read_text())
-  config = transformers.LlamaConfig.from_pretrained(FAMILY)
-  model = transformers.LlamaForCausalLM(config).eval()
-  weights = family_tensors([(n, s) for n, s in ref["tensors"]], ref["seed"], ref["norm_center"])
-  model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
-  return model, ref["token_ids"]
-
-
 def main() -> None:
-  model, ids = base_model()
+  model, ids = family_target("llama")
   D, V = model.config.hidden_size, model.config.vocab_size
   with torch.no_grad():
     hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]     # [T, D], final-normed

@@ -15,16 +15,14 @@ import json
 from pathlib import Path
 
 import gguf
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from family_weights import family_tensors
 from specjax.checkpoints import load_gguf, permute_qk_llamacpp
 from specjax.checkpoints.gguf_loader import open_gguf
-from specjax.models import decoder as M
-from specjax.models.kv_cache import init_cache
 from tests.helpers import BOS, EOS, MERGES, TOKEN_TYPES, TOKENS
+from test_families import token_logprobs
 
 DATA = Path(__file__).parent / "data" / "hf_families"
 
@@ -120,15 +118,6 @@ def write_family_gguf(path: Path, name: str, window: bool = True) -> tuple[Path,
   w.write_tensors_to_file()
   w.close()
   return path, ref
-
-
-def token_logprobs(params, cfg, ids) -> np.ndarray:
-  """log p(ids[t + 1] | ids[:t + 1]) for every t (as tests/test_families.py computes them)."""
-  T = len(ids)
-  out = M.forward(params, cfg, jnp.asarray([ids]), jnp.arange(T)[None], init_cache(cfg, 1, T + 8))
-  logp = np.asarray(out.logits[0].astype(jnp.float32))
-  logp = logp - np.log(np.exp(logp - logp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logp.max(-1, keepdims=True)
-  return logp[np.arange(T - 1), ids[1:]]
 
 
 @pytest.mark.parametrize("name", sorted(ARCH))

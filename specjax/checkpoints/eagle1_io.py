@@ -15,6 +15,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.checkpoints.pickled import conversion_advice
 from specjax.errors import SpecjaxError
 
 WEIGHTS, PICKLE = "model.safetensors", "pytorch_model.bin"
@@ -40,10 +41,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
   f = path / WEIGHTS
   if not f.is_file():
     if (path / PICKLE).is_file():
-      raise SpecjaxError(
-          f"{path / PICKLE}: a pickled torch file, which specjax does not unpickle; convert it once where torch is "
-          f"installed: python -c \"import torch, safetensors.torch as s; s.save_file({{k: v.clone() for k, v in "
-          f"torch.load('{path / PICKLE}', map_location='cpu').items()}}, '{f}')\"")
+      raise SpecjaxError(conversion_advice(path / PICKLE, f))
     raise SpecjaxError(f"{path}: no {WEIGHTS} (an EAGLE-1/2 drafter directory holds config.json and {WEIGHTS})")
   try:
     return load_file(str(f))

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.checkpoints.pickled import conversion_advice
 from specjax.errors import CheckpointError
 from specjax.models.config import ModelConfig
 from specjax.speculative.medusa import MedusaConfig
@@ -48,10 +49,7 @@ def _weights_file(path: Path) -> Path:
   if f.is_file():
     return f
   if (path / PICKLE).is_file():
-    raise CheckpointError(
-        f"{path / PICKLE}: a pickled torch file, which specjax does not unpickle; convert it once where torch "
-        f"is installed: python -c \"import torch, safetensors.torch as s; s.save_file({{k: v.clone() for k, v "
-        f"in torch.load('{path / PICKLE}', map_location='cpu').items()}}, '{f}')\"")
+    raise CheckpointError(conversion_advice(path / PICKLE, f))
   raise CheckpointError(f"{path}: no {WEIGHTS}")
 
 

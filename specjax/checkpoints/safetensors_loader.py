@@ -21,7 +21,7 @@ from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.models import families
 from specjax.models.config import ModelConfig
 from specjax.models.families.base import Family
-from specjax.models.families.hf_config import config_from_hf
+from specjax.models.families.hf_config import config_from_hf, ids_of
 from specjax.errors import CheckpointError
 from specjax.models.decoder import Params, params_from_hf_layout
 
@@ -41,15 +41,6 @@ def _read_json(path: Path, required: bool = True) -> dict | None:
       return json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{path}: cannot parse JSON ({e})") from e
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-  """An id or list of ids (HF configs allow both for eos_token_id) as a tuple."""
-  if value is None:
-    return ()
-  if isinstance(value, (list, tuple)):
-    return tuple(int(v) for v in value)
-  return (int(value),)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -135,7 +126,7 @@ def load_hf_tokenizer(path: Path, cfg: ModelConfig) -> Tokenizer:
   template_file = path / "chat_template.jinja"
   template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
   gen_config = _read_json(path / "generation_config.json", required=False) or {}
-  eos = cfg.eos_token_ids + tuple(i for i in _ids(gen_config.get("eos_token_id"))
+  eos = cfg.eos_token_ids + tuple(i for i in ids_of(gen_config.get("eos_token_id"))
                                   if i not in cfg.eos_token_ids)
   return Tokenizer.from_file(tok_json, tok_config, chat_template=template, bos_token_id=cfg.bos_token_id,
                              eos_token_ids=eos)

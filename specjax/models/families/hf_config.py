@@ -139,7 +139,7 @@ def layer_windows(config: Mapping[str, Any], family: Family, L: int, where: str,
   return windows if any(windows) else ()
 
 
-def _ids(value: Any) -> tuple[int, ...]:
+def ids_of(value: Any) -> tuple[int, ...]:
   """An id or list of ids (HF configs allow both for eos_token_id) as a tuple."""
   if value is None:
     return ()
@@ -168,7 +168,7 @@ def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelCon
         rope_theta=theta, rope_scaling=scaling, norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(tie), max_position=int(config.get("max_position_embeddings", 2048)),
         bos_token_id=None if config.get("bos_token_id") is None else int(config["bos_token_id"]),
-        eos_token_ids=_ids(config.get("eos_token_id")), family=family.name, layer_windows=windows,
+        eos_token_ids=ids_of(config.get("eos_token_id")), family=family.name, layer_windows=windows,
         local_rope_theta=local_theta if windows else None, **fields)
   except KeyError as e:
     raise CheckpointError(f"{where}: config.json is missing {e}") from e
