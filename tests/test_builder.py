@@ -46,6 +46,8 @@ def test_bad_settings_fail_in_one_line(tiny):
   with pytest.raises(SpecjaxError, match="prompt of 300 tokens"):
     build(tiny, DecodeSpec(drafter="ngram"), max_len=256, prompt_lens=[300], max_new_tokens=8)
   with pytest.raises(SpecjaxError, match="unknown drafter"):
+    build(tiny, DecodeSpec(drafter="lookahead"), max_len=256)
+  with pytest.raises(SpecjaxError, match="drafter 'medusa' needs Medusa heads: pass --draft DIR"):
     build(tiny, DecodeSpec(drafter="medusa"), max_len=256)
   with pytest.raises(SpecjaxError, match="needs 17 draft nodes"):
     build(tiny, DecodeSpec(drafter="ngram", tree="chain:17"), max_len=18)
