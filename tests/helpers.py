@@ -88,12 +88,8 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
                          gguf.GGMLQuantizationType.Q8_0).reshape(x.shape)
 
 
-def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", permute: bool = True,
-               quantized: tuple[str, ...] = (), rope_freqs: np.ndarray | None = None,
-               pre: str = "gpt2", quant_type: str = "Q8_0") -> Path:
-  """A GGUF file laid out as llama.cpp's converter writes it (q/k rows permuted for llama); the tensors
-  named in ``quantized`` stored as ``quant_type`` (any type ``gguf.quantize`` writes)."""
-  w = gguf.GGUFWriter(str(path), arch)
+def add_gguf_sizes(w: "gguf.GGUFWriter", cfg: ModelConfig) -> None:
+  """The size and RoPE-base keys every architecture's GGUF header carries (llama.cpp's names)."""
   w.add_block_count(cfg.num_layers)
   w.add_context_length(cfg.max_position)
   w.add_embedding_length(cfg.d_model)
@@ -101,6 +97,15 @@ def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", perm
   w.add_head_count(cfg.num_heads)
   w.add_head_count_kv(cfg.num_kv_heads)
   w.add_rope_freq_base(cfg.rope_theta)
+
+
+def write_gguf(path: Path, cfg: ModelConfig, hf: dict, arch: str = "llama", permute: bool = True,
+               quantized: tuple[str, ...] = (), rope_freqs: np.ndarray | None = None,
+               pre: str = "gpt2", quant_type: str = "Q8_0") -> Path:
+  """A GGUF file laid out as llama.cpp's converter writes it (q/k rows permuted for llama); the tensors
+  named in ``quantized`` stored as ``quant_type`` (any type ``gguf.quantize`` writes)."""
+  w = gguf.GGUFWriter(str(path), arch)
+  add_gguf_sizes(w, cfg)
   w.add_layer_norm_rms_eps(cfg.norm_eps)
   w.add_rope_dimension_count(cfg.head_dim)
   w.add_tokenizer_model("gpt2")

@@ -20,6 +20,7 @@ from specjax.checkpoints.tokenizer import Tokenizer, build_gguf_spm, spm_merges
 from specjax.errors import CheckpointError
 from specjax.models import quant
 from specjax.models.config import ModelConfig
+from tests.helpers import add_gguf_sizes
 
 REFERENCE = Path(__file__).parent / "data" / "gemma3_270m_reference.json"
 
@@ -149,15 +150,9 @@ def write_tiny_gemma3(path: Path, cfg: ModelConfig = TINY) -> dict[str, np.ndarr
   quantized tensors as the gguf package dequantizes them)."""
   fields = spm_fields()
   w = gguf.GGUFWriter(str(path), "gemma3")
-  w.add_block_count(cfg.num_layers)
-  w.add_context_length(cfg.max_position)
-  w.add_embedding_length(cfg.d_model)
-  w.add_feed_forward_length(cfg.ffn_dim)
-  w.add_head_count(cfg.num_heads)
-  w.add_head_count_kv(cfg.num_kv_heads)
+  add_gguf_sizes(w, cfg)
   w.add_key_length(cfg.head_dim)
   w.add_value_length(cfg.head_dim)
-  w.add_rope_freq_base(cfg.rope_theta)
   w.add_layer_norm_rms_eps(cfg.norm_eps)
   w.add_sliding_window(WINDOW)
   w.add_tokenizer_model("llama")

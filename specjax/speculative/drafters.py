@@ -111,6 +111,20 @@ def _target_vocab(params, logits_BxTxVr):
   return model_lib.scatter_to_vocab(logits_BxTxVr, params["head_ids"], params["embed"].shape[0])
 
 
+class PerDepthLogits:
+  """What a drafter that proposes every depth at once carries through one propose in place of a draft cache
+  (the parallel head, Medusa): its state (``cache``) and the distributions of depths 1..D [B, D, V], which
+  ``ModelDrafter``'s tree builders read where a sequential drafter would run a forward per depth."""
+
+  def __init__(self, cache, logits_BxDxV):
+    self.cache, self.logits_BxDxV = cache, logits_BxDxV
+
+  def at_depth(self, depth: int, W: int) -> jax.Array:
+    """The children's distribution of W nodes at ``depth`` (0-based: the root's children at 0): [B, W, V]."""
+    lg = self.logits_BxDxV[:, depth]
+    return jnp.broadcast_to(lg[:, None], (lg.shape[0], W, lg.shape[-1]))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter:
   """Tree drafting with a small model that shares the target's tokenizer.

@@ -28,21 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from specjax.models import decode, decoder as model_lib
-from specjax.speculative.drafters import NoDrafter
+from specjax.speculative.drafters import NoDrafter, PerDepthLogits
 from specjax.speculative.eagle import EagleDrafter, EagleState, input_proj, target_feature, to_target_vocab
-
-
-class _Drafted:
-  """What a parallel drafter's "cache" is inside one propose: the real cache and the per-depth logits of
-  the one forward, so the tree builders shared with ``ModelDrafter`` read depth d's distribution where a
-  sequential drafter would run a forward."""
-
-  def __init__(self, cache, logits_BxDxV):
-    self.cache, self.logits_BxDxV = cache, logits_BxDxV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +77,13 @@ class ParallelEagleDrafter(EagleDrafter):
 
   def _root(self, params, asked: "_Asked", seq_BxS, lengths_B, last_B):
     logits, cache = self.draft_positions(params, asked.state, seq_BxS, lengths_B, asked.depth)
-    return logits[:, 0], None, _Drafted(cache, logits)
+    return logits[:, 0], None, PerDepthLogits(cache, logits)
 
-  def _extend(self, params, drafted: _Drafted, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
-    W = tokens_BxW.shape[1]
-    lg = drafted.logits_BxDxV[:, depth]
-    return jnp.broadcast_to(lg[:, None], (lg.shape[0], W, lg.shape[-1])), None, drafted
+  def _extend(self, params, drafted: PerDepthLogits, tokens_BxW, depth: int, slots_BxW, mask_BxWxU,
+              parent_feat_BxWxF):
+    return drafted.at_depth(depth, tokens_BxW.shape[1]), None, drafted
 
-  def _with_cache(self, asked: "_Asked", drafted: _Drafted):
+  def _with_cache(self, asked: "_Asked", drafted: PerDepthLogits):
     return asked.state.replace(cache=drafted.cache)
 
   def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):

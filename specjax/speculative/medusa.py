@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.models.config import ModelConfig
-from specjax.speculative.drafters import ModelDrafter, NoDrafter
+from specjax.speculative.drafters import ModelDrafter, NoDrafter, PerDepthLogits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +72,6 @@ class MedusaState:
   feat_BxF: jax.Array      # the target's final hidden state that produced the root (h_{L-1})
 
 
-class _Drafted:
-  """Inside one propose: the state and the K heads' logits, which the shared tree builders read per depth."""
-
-  def __init__(self, state: MedusaState, logits_BxKxV):
-    self.state, self.logits_BxKxV = state, logits_BxKxV
-
-
 @dataclasses.dataclass(frozen=True)
 class MedusaDrafter(ModelDrafter):
   """Medusa heads in the engine (``ModelDrafter``'s tree builders; ``cfg`` is the target's)."""
@@ -107,14 +100,14 @@ class MedusaDrafter(ModelDrafter):
 
   def _root(self, params, state: MedusaState, seq_BxS, lengths_B, last_B):
     logits = medusa_logits(params, state.feat_BxF)
-    return logits[:, 0], None, _Drafted(state, logits)
+    return logits[:, 0], None, PerDepthLogits(state, logits)
 
-  def _extend(self, params, drafted: _Drafted, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
-    lg = drafted.logits_BxKxV[:, depth]
-    return jnp.broadcast_to(lg[:, None], (lg.shape[0], tokens_BxW.shape[1], lg.shape[-1])), None, drafted
+  def _extend(self, params, drafted: PerDepthLogits, tokens_BxW, depth: int, slots_BxW, mask_BxWxU,
+              parent_feat_BxWxF):
+    return drafted.at_depth(depth, tokens_BxW.shape[1]), None, drafted
 
-  def _with_cache(self, state, drafted: _Drafted):
-    return drafted.state
+  def _with_cache(self, state, drafted: PerDepthLogits):
+    return drafted.cache          # the Medusa state, carried unchanged through the propose
 
   def propose(self, draft_params, state, seq_BxS, lengths_B, last_B, shape, key, sp):
     if shape.num_nodes == 0:
