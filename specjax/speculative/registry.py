@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import drafters, eagle, eagle_lookup, eagle_parallel, hybrid, medusa, suffix
+from specjax.speculative import cross_vocab, drafters, eagle, eagle_lookup, eagle_parallel, hybrid, medusa, suffix
 from specjax.speculative.protocol import Drafter
 
 
@@ -39,6 +39,7 @@ class Kind:
   priced: bool = True           # the cost model prices its chains (a hybrid's steps mix free and model drafts)
   learns: bool = False          # its draft params are an index of finished sequences (``absorb`` them)
   head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``) or "medusa" (published)
+  across_tokenizers: bool = False  # its draft model may have another tokenizer (``cross_vocab``, a vocabulary map)
 
   @property
   def draft_model(self) -> bool:
@@ -56,7 +57,8 @@ KINDS = {k.name: k for k in (
     Kind("ngram", "prompt lookup: the continuation of the last n tokens' latest earlier occurrence",
          ngram=True, ngram_caps=True, stateless=True),
     Kind("layerskip", "the target's first layers (or a subset) as its own draft", layers=True),
-    Kind("model", "a separate draft model sharing the target's tokenizer", draft="model"),
+    Kind("model", "a separate draft model (another tokenizer drafts through a vocabulary map)", draft="model",
+         across_tokenizers=True),
     Kind("hybrid", "prompt lookup where the last n tokens repeat, the draft model elsewhere", draft="model",
          trees=False, ngram=True, priced=False),
     Kind("eagle", "a trained feature drafter reading the target's hidden states (a parallel one if its "
@@ -131,12 +133,13 @@ def draft_config(kind: Kind, target_cfg: ModelConfig, draft_cfg: ModelConfig | N
 def build(kind: Kind, target_cfg: ModelConfig, target_params, *, k: int, depth: int | None, buckets,
           ngram: int = 3, ngram_caps: Sequence[int] = (), layers: Sequence[int] | None = None,
           draft_cfg: ModelConfig | None = None, draft_params=None, head: Any = None,
-          index_tokens: int | None = None) -> tuple[Drafter, Any]:
+          index_tokens: int | None = None, vocab_map: Any = None) -> tuple[Drafter, Any]:
   """(drafter, draft_params) for a kind whose inputs the caller resolved: the draft model's config and params
   (``draft_model``), the target's layer subset (``layers``), a loaded head (``(EagleConfig, params)``), a
-  learning drafter's index size in token slots (``index_tokens``, default its own)."""
+  learning drafter's index size in token slots (``index_tokens``, default its own), a draft model's map to
+  the target's vocabulary when its tokenizer is another (``vocab_map``: ``checkpoints.vocab_map.VocabMap``)."""
   inputs = _Inputs(target_cfg, target_params, k, depth, buckets, ngram, tuple(ngram_caps), layers, draft_cfg,
-                   draft_params, head, index_tokens)
+                   draft_params, head, index_tokens, vocab_map)
   return _BUILDERS[kind.name](inputs)
 
 
@@ -153,6 +156,7 @@ class _Inputs(NamedTuple):
   draft_params: Any
   head: Any
   index_tokens: int | None
+  vocab_map: Any = None
 
 
 def _layerskip(x: _Inputs):
@@ -205,7 +209,9 @@ _BUILDERS = {
     "none": lambda x: (drafters.NoDrafter(), ()),
     "ngram": lambda x: (drafters.NgramDrafter(max_ngram=x.ngram, match_caps=x.ngram_caps), ()),
     "layerskip": _layerskip,
-    "model": lambda x: (drafters.ModelDrafter(x.draft_cfg, name="model", buckets=x.buckets), x.draft_params),
+    "model": lambda x: ((drafters.ModelDrafter(x.draft_cfg, name="model", buckets=x.buckets), x.draft_params)
+                        if x.vocab_map is None else
+                        cross_vocab.build(x.draft_cfg, x.draft_params, x.vocab_map, x.target_cfg, x.buckets)),
     "hybrid": lambda x: (hybrid.hybrid_drafter(x.draft_cfg, x.k, min_match=x.ngram, buckets=x.buckets),
                          x.draft_params),
     "eagle": _eagle,
