@@ -57,11 +57,15 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...]
       raise SpecjaxError(f"prompt file not found: {p} (give a Spec-Bench .jsonl or a text file, one prompt "
                          "per line)")
     text, where = p.read_text(encoding="utf-8"), str(p)
+  jsonl = where.endswith(".jsonl")    # every line a record: a stray line is an error, never a prompt
   prompts: list[Prompt] = []
   for n, line in enumerate(text.splitlines(), 1):
     line = line.strip()
     if not line:
       continue
+    if jsonl and not line.startswith("{"):
+      raise SpecjaxError(f"{where}:{n}: not a JSON object ({line[:40]!r}): a .jsonl prompt file holds one JSON "
+                         "record per line; fix the line, or give plain-text prompts in a .txt file")
     if line.startswith("{"):
       try:
         obj = json.loads(line)
@@ -75,7 +79,9 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS, categories: tuple[str, ...]
         else:                   # Spec-Bench / MT-bench: {"question_id", "category", "turns"}, first turn
           text, qid = obj["turns"][0], obj.get("question_id", n)
         prompts.append(Prompt(qid, str(obj.get("category", "")), str(text), task))
-      except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+      except json.JSONDecodeError as e:
+        raise SpecjaxError(f"{where}:{n}: not valid JSON ({e.msg} at column {e.colno}): fix the line") from None
+      except (KeyError, IndexError, TypeError) as e:
         raise SpecjaxError(f"{where}:{n}: not a prompt record: expected a 'prompt' string (with 'task_id' "
                            f"for HumanEval) or a Spec-Bench non-empty 'turns' list ({e})") from e
     else:
