@@ -23,7 +23,7 @@ from specjax.models import quant
 from specjax.checkpoints import converted, download, quantized_cache
 from specjax.checkpoints.download import WheelPart
 from specjax.checkpoints.gguf_loader import load_gguf, open_gguf
-from specjax.checkpoints.safetensors_loader import load_hf_dir
+from specjax.checkpoints.safetensors_loader import load_hf_dir, read_hf_config
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.models.config import ModelConfig
 from specjax.errors import CheckpointError, ModelNotFoundError
@@ -205,6 +205,15 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
   else:
     problem = "is neither a known model name nor an existing path"
   raise ModelNotFoundError(f"'{text}' {problem}; known models: {', '.join(sorted(KNOWN_MODELS))}")
+
+
+def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
+  """The config alone of a registry name, a .gguf file (its metadata; no tensor is read) or a Hugging Face
+  directory (its config.json: no tokenizer or weights needed) — enough for the cost model."""
+  path = resolve(name_or_path)
+  cfg = read_hf_config(path)[0] if path.is_dir() else open_gguf(path).cfg
+  source = os.fspath(name_or_path)
+  return cfg.replace(name=source) if source in KNOWN_MODELS else cfg
 
 
 def list_models() -> list[dict]:

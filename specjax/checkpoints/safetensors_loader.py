@@ -136,6 +136,16 @@ def load_hf_tokenizer(path: Path, cfg: ModelConfig) -> Tokenizer:
 # Entry point
 
 
+def read_hf_config(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+  """(ModelConfig, the parsed config.json) of a Hugging Face directory from its config.json alone: what the cost
+  model needs, with no tokenizer and no weights in the directory."""
+  path = Path(path)
+  if not path.is_dir():
+    raise CheckpointError(f"{path}: not a directory")
+  raw = _read_json(path / "config.json")
+  return config_from_hf(raw, path.name, str(path)), raw
+
+
 def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig, Params, Tokenizer]:
   """Load a Hugging Face checkpoint directory.
 
@@ -145,10 +155,7 @@ def load_hf_dir(path: str | os.PathLike, dtype=jnp.float32) -> tuple[ModelConfig
     CheckpointError: a file or tensor is missing or unreadable, or the architecture is unsupported.
   """
   path = Path(path)
-  if not path.is_dir():
-    raise CheckpointError(f"{path}: not a directory")
-  raw = _read_json(path / "config.json")
-  cfg = config_from_hf(raw, path.name, str(path))
+  cfg, raw = read_hf_config(path)
   family = families.BY_NAME[cfg.family]
   tokenizer = load_hf_tokenizer(path, cfg)
   cfg = cfg.replace(bos_token_id=cfg.bos_token_id if cfg.bos_token_id is not None

@@ -297,8 +297,10 @@ def executables() -> dict:
 
 
 def model_config(name: str):
-  from specjax import api
+  """A preset's config, or a model's config alone (a directory's config.json, a GGUF file's metadata): no
+  tokenizer, no weights."""
+  from specjax.checkpoints import load_config
   from specjax.models import config
   if name in config.PRESETS:
     return config.PRESETS[name]
-  return api.load(name).cfg      # a file or directory: its config (the weights load too)
+  return load_config(name)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from specjax.cli import common, flags
 
 
+REGIMES = ("xla", "eager")     # devices.REGIMES (tests/test_projection.py keeps them equal)
+
+
 def register(sub) -> dict:
   """Add the calibrate, cost parsers; returns their commands."""
   cal = sub.add_parser("calibrate", help="measure this machine's roofline (bandwidth, matmul, step floor) for "
@@ -14,13 +17,19 @@ def register(sub) -> dict:
 
   co = sub.add_parser("cost", help="the cost model's prediction: step time, bound, speculative speedup, the KV "
                                    "bill and the largest batch that fits a memory budget")
-  co.add_argument("--model", default="smollm2-135m", help="registry name or a model path (only its config is read)")
+  co.add_argument("--model", default="smollm2-135m",
+                  help="registry name, a .gguf file or a Hugging Face directory: only its config is read (a "
+                       "directory holding config.json alone will do)")
   co.add_argument("--draft-model", default=None,
                   help="a draft model's config for its step cost, weights and KV (default: the registry's draft for "
                        "--model, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b; 'none': no draft model)")
   co.add_argument("--device", default=None,
                   help="a published spec (h100-sxm, h200, a100-sxm-80gb, tpu-v5e) or a calibration JSON; "
                        "default: this machine, calibrated")
+  co.add_argument("--regime", default="xla", choices=REGIMES,
+                  help="how the implementation issues its kernels, which sets the latency floors of a published "
+                       "spec: xla (default: one compiled program, as specjax runs) or eager (PyTorch eager, "
+                       "as Hugging Face and Spec-Bench run; floors fitted to Spec-Bench's A100 leaderboard)")
   co.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                   help="auto: bfloat16 on a published accelerator spec, float32 on this machine's calibration")
   co.add_argument("--batch-size", type=flags.COUNT, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -61,12 +70,15 @@ def cmd_cost(args) -> int:
   from specjax.measure import costmodel, memory
   from specjax.measure import calibrate
   from specjax.errors import SpecjaxError
+  if args.regime != "xla" and args.device not in costmodel.DEVICES:
+    raise SpecjaxError(f"--regime {args.regime} sets a published spec's floors: give --device one of "
+                       f"{', '.join(costmodel.DEVICES)} (a calibration measures this machine's own xla floors)")
   cfg = common.model_config(args.model)
   if args.draft_model is None:
     from specjax.checkpoints import catalog as registry
     args.draft_model = registry.default_draft(args.model)
   dcfg = common.model_config(args.draft_model) if args.draft_model and args.draft_model != "none" else None
-  spec = calibrate.load_or_calibrate(args.device, log=common.log)
+  spec = costmodel.in_regime(calibrate.load_or_calibrate(args.device, log=common.log), args.regime)
   if args.dtype == "auto":
     args.dtype = "bfloat16" if args.device in costmodel.DEVICES else "float32"
   if args.k < 0:
@@ -103,8 +115,8 @@ def cmd_cost(args) -> int:
 
   def human(o):
     from specjax.eval.report import print_table
-    print_table(o["rows"], title=f"{o['model']} on {spec.name}" + (f" × {o['mesh']} mesh" if o["mesh"] != "1x1"
-                                                                    else "") +
+    print_table(o["rows"], title=f"{o['model']} on {spec.name} ({spec.regime})" + (
+                    f" × {o['mesh']} mesh" if o["mesh"] != "1x1" else "") +
                 f": k={o['k']}, context {o['context']}, α={o['acceptance']}")
     print(f"speculation stops paying at batch {o['crossover_batch']}" if o["crossover_batch"] else
           "speculation pays at every batch size listed")

@@ -34,11 +34,11 @@ from typing import Sequence
 
 from specjax.models import quant
 from specjax.models.config import ModelConfig
-from specjax.measure.devices import DEVICES, DTYPE_BYTES, DeviceSpec, device_spec, load_spec
+from specjax.measure.devices import DEVICES, DTYPE_BYTES, REGIMES, DeviceSpec, device_spec, in_regime, load_spec
 from specjax.errors import SpecjaxError
 
-__all__ = ["DEVICES", "DTYPE_BYTES", "DeviceSpec", "device_spec", "load_spec", "MeshShape", "StepCost",
-           "step_cost", "step_time", "ragged_step_time", "rows_step_time", "breakdown", "weight_bytes",
+__all__ = ["DEVICES", "DTYPE_BYTES", "REGIMES", "DeviceSpec", "device_spec", "in_regime", "load_spec", "MeshShape",
+           "StepCost", "step_cost", "step_time", "ragged_step_time", "rows_step_time", "breakdown", "weight_bytes",
            "expected_accepted", "draft_time", "iteration_time", "predicted_speedup", "crossover_batch"]
 
 
@@ -340,9 +340,11 @@ def iteration_time(spec: DeviceSpec, cfg: ModelConfig, B: int, k: int, context: 
                    draft_cfg: ModelConfig | None = None, per_draft_s: float | None = None, mesh=None,
                    weights: str = "fp32", draft_weights: str | None = None) -> float:
   """One speculative iteration with a chain of k (k = 0: a plain step); target and draft on ``mesh``, their
-  weights stored as ``weights`` and ``draft_weights`` (default: the target's)."""
+  weights stored as ``weights`` and ``draft_weights`` (default: the target's); plus the regime's fixed cost of
+  an iteration (``DeviceSpec.iteration_floor_s``: 0 inside one compiled program)."""
   return step_time(spec, cfg, B, k + 1, context, dtype, mesh=mesh, weights=weights) + draft_time(
-      spec, draft_cfg, B, k, context, dtype, per_draft_s, mesh=mesh, weights=draft_weights or weights)
+      spec, draft_cfg, B, k, context, dtype, per_draft_s, mesh=mesh, weights=draft_weights or weights) + (
+      spec.iteration_floor_s if k > 0 else 0.0)
 
 
 def predicted_speedup(spec: DeviceSpec, cfg: ModelConfig, acceptance_by_position: Sequence[float], k: int,

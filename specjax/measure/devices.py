@@ -3,6 +3,10 @@ step floor, and (measured on a CPU) the rate at which its kernels unpack quantiz
 
 ``DEVICES`` holds published numbers for common accelerators; ``specjax calibrate`` measures this machine's
 (``measure/calibrate.py``) and saves them as JSON, which ``device_spec`` reads by path.
+
+A datasheet gives the roofline, not the latency floor, and the floor depends on how the implementation issues
+its kernels more than on the chip: ``REGIMES`` names two (``in_regime``).  A draft step is mostly floor, so a
+spec without the right one over-predicts what a small draft buys.
 """
 from __future__ import annotations
 
@@ -33,6 +37,10 @@ class DeviceSpec:
                                    # max; accelerators), 0 = not at all (a sum; CPU cores that both stream and
                                    # compute); ``calibrate`` measures it
   link_latency_s: float = 0.0      # fixed cost of one collective over the interconnect
+  regime: str = "xla"              # how its floors were set (``REGIMES``): one compiled program, or eager launches
+  iteration_floor_s: float = 0.0   # fixed cost of a speculative iteration beyond its forwards (eager: the drafting
+                                   # lookup, the acceptance and the cache cut are ops launched from the host;
+                                   # inside one compiled program: nothing)
   weight_rates: dict = dataclasses.field(default_factory=dict)
                                    # weight type → {"rows": [M...], "s_per_weight": [t...]}: the quantized
                                    # matmul's measured seconds per weight at M rows (``calibrate``, this
@@ -108,6 +116,53 @@ DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
 )}
 
 
+@dataclasses.dataclass(frozen=True)
+class Regime:
+  """How an implementation issues a decode step's kernels, and the fixed costs that follows (None: the spec's own)."""
+  name: str
+  summary: str
+  floor_s: float | None = None
+  floor_per_layer_s: float | None = None
+  overlap: float | None = None
+  iteration_floor_s: float | None = None
+
+
+# Eager: Spec-Bench's Hugging Face implementations (PyTorch 2.0.1, A100 80GB, 64 host cores), every op a kernel
+# launched from Python.  Two numbers are fitted, to the seven rows of Spec-Bench's A100 leaderboard for Vicuna-7B
+# (τ → speedup; ``measure/published.py``, ``scripts/spec_bench_projection.py`` refits them): the floor of one
+# forward or host step, and its growth per decoder layer.  A third, discrete choice made by the same comparison
+# between the two values the cost model already knows: overlap 0 (one kernel's arithmetic does not hide behind
+# another's memory traffic; with 1 the best fit misses Lookahead by 21%, against 8%).  The iteration's own
+# overhead (lookup, acceptance, cache cut) is tied to one forward's floor, not fitted apart.  Other GPUs: assumed
+# the same (host-bound launches).
+EAGER_FLOOR_S = 0.80e-3
+EAGER_FLOOR_PER_LAYER_S = 0.255e-3
+REGIMES: dict[str, Regime] = {r.name: r for r in (
+    Regime("xla", "one compiled program per step or decode loop (specjax; a captured CUDA graph): the spec's own "
+                  "floors of a few µs per layer"),
+    Regime("eager", "PyTorch eager (Hugging Face generate, Spec-Bench): a launch per op from Python; floors fitted "
+                    "to Spec-Bench's A100 leaderboard", floor_s=EAGER_FLOOR_S,
+           floor_per_layer_s=EAGER_FLOOR_PER_LAYER_S, overlap=0.0, iteration_floor_s=EAGER_FLOOR_S),
+)}
+
+
+def in_regime(spec: "DeviceSpec", regime: str) -> "DeviceSpec":
+  """``spec`` with the floors (and overlap) of an implementation regime.  A calibration measured this machine's
+  own compiled steps, so it has the ``xla`` regime only."""
+  if regime not in REGIMES:
+    raise SpecjaxError(f"unknown regime '{regime}': choose one of {', '.join(REGIMES)}")
+  if regime == spec.regime:
+    return spec
+  if spec.name not in DEVICES:
+    raise SpecjaxError(f"device '{spec.name}' is a calibration of this machine's compiled steps (regime xla); "
+                       f"the {regime} regime's floors belong to a published spec: use --device "
+                       f"{', '.join(DEVICES)}")
+  r = REGIMES[regime]
+  changes = {f: getattr(r, f) for f in ("floor_s", "floor_per_layer_s", "overlap", "iteration_floor_s")
+             if getattr(r, f) is not None}
+  return dataclasses.replace(spec, regime=regime, **changes)
+
+
 def device_spec(name: str) -> DeviceSpec:
   """A published spec by name, or a calibration JSON by path."""
   if name in DEVICES:
@@ -117,6 +172,13 @@ def device_spec(name: str) -> DeviceSpec:
     return load_spec(p)
   raise SpecjaxError(f"unknown device '{name}': choose one of {', '.join(DEVICES)}, or give the path of a "
                      "calibration JSON (specjax calibrate)")
+
+
+def published_spec(name: str, regime: str = "xla") -> DeviceSpec:
+  """A published spec by name, in ``regime``: what a measured result is projected onto (``--project``)."""
+  if name not in DEVICES:
+    raise SpecjaxError(f"unknown device spec '{name}': choose one of {', '.join(DEVICES)}")
+  return in_regime(DEVICES[name], regime)
 
 
 def load_spec(path) -> DeviceSpec:

@@ -171,6 +171,7 @@ def config_from_hf(config: Mapping[str, Any], name: str, where: str) -> ModelCon
         eos_token_ids=ids_of(config.get("eos_token_id")), family=family.name, layer_windows=windows,
         local_rope_theta=local_theta if windows else None, **fields)
   except KeyError as e:
-    raise CheckpointError(f"{where}: config.json is missing {e}") from e
+    raise CheckpointError(f"{where}: config.json is missing {e} (a Hugging Face config names hidden_size, "
+                          "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size: add it)") from e
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: config.json is inconsistent ({e})") from e
