@@ -21,13 +21,14 @@ from specjax.models.kv_cache import KVCache
 def windowed_forward(params, cfg: ModelConfig, tokens_BxT, positions_BxT, cache: KVCache,
                      extra_mask_BxTxT=None, buckets: tuple[int, ...] | None = None, live_T=None,
                      region_mask_BxTxU=None, slots_BxT=None, feature_layers=None, inputs_embeds_BxTxD=None,
-                     head_index_B=None):
+                     head_index_B=None, attn_prefix_BxTxD=None):
   """``model.forward`` whose attention reads only the smallest bucket of cache slots covering every live
   sequence (see ``model.forward``'s ``kv_buckets``; ``live_T``, the region mask and slots as there)."""
   return model_lib.forward(params, cfg, tokens_BxT, positions_BxT, cache, extra_mask_BxTxT,
                            kv_buckets=buckets, live_T=live_T, region_mask_BxTxU=region_mask_BxTxU,
                            slots_BxT=slots_BxT, feature_layers=feature_layers,
-                           inputs_embeds_BxTxD=inputs_embeds_BxTxD, head_index_B=head_index_B)
+                           inputs_embeds_BxTxD=inputs_embeds_BxTxD, head_index_B=head_index_B,
+                           attn_prefix_BxTxD=attn_prefix_BxTxD)
 
 
 # ----------------------------------------------------------------------------------------------------------

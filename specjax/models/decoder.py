@@ -93,6 +93,8 @@ class ForwardOptions(NamedTuple):
     middle and high features).
   inputs_embeds_BxTxD: the first layer's input instead of the tokens' embeddings (a feature drafter's
     projection of [embedding; feature]); ``tokens_BxT`` then only gives the shape.
+  attn_prefix_BxTxD: placed before the (normed) residual stream as every layer's attention input, whose q/k/v
+    then read [prefix ; norm(x)] (width 2D): EAGLE-3's layer, the prefix its normed token embedding.
   """
   extra_mask_BxTxT: jax.Array | None = None
   region_mask_BxTxU: jax.Array | None = None
@@ -103,6 +105,7 @@ class ForwardOptions(NamedTuple):
   head_index_B: jax.Array | None = None
   feature_layers: tuple[int, ...] | None = None
   inputs_embeds_BxTxD: jax.Array | None = None
+  attn_prefix_BxTxD: jax.Array | None = None
 
 
 def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_BxT: jax.Array,
@@ -111,7 +114,8 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
             kv_buckets: tuple[int, ...] | None = None, live_T: jax.Array | None = None,
             region_mask_BxTxU: jax.Array | None = None, slots_BxT: jax.Array | None = None,
             feature_layers: tuple[int, ...] | None = None,
-            inputs_embeds_BxTxD: jax.Array | None = None) -> ForwardOutput:
+            inputs_embeds_BxTxD: jax.Array | None = None,
+            attn_prefix_BxTxD: jax.Array | None = None) -> ForwardOutput:
   """Run T new tokens per sequence through the model on top of the cache.
 
   ``tokens_BxT``: token ids; ``positions_BxT``: their RoPE positions (usually lengths[b] + t; tree nodes use
@@ -122,7 +126,7 @@ def forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array, positions_B
   opts = ForwardOptions(extra_mask_BxTxT=extra_mask_BxTxT, region_mask_BxTxU=region_mask_BxTxU,
                         slots_BxT=slots_BxT, kv_window=kv_window, kv_buckets=kv_buckets, live_T=live_T,
                         head_index_B=head_index_B, feature_layers=feature_layers,
-                        inputs_embeds_BxTxD=inputs_embeds_BxTxD)
+                        inputs_embeds_BxTxD=inputs_embeds_BxTxD, attn_prefix_BxTxD=attn_prefix_BxTxD)
   B, T = tokens_BxT.shape
   taps = _checked_taps(cfg, feature_layers)
   dtype = quant.activation_dtype(params)
@@ -155,6 +159,7 @@ class _LayerContext(NamedTuple):
   attention_path: str           # "native", "pallas" or "xla" (``dispatch.attention``)
   live_T: jax.Array | None
   slots_BxT: jax.Array | None
+  attn_prefix_BxTxD: jax.Array | None   # EAGLE-3's attention input prefix (``ForwardOptions``)
 
 
 def _checked_taps(cfg: ModelConfig, feature_layers: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -199,7 +204,9 @@ def _layer_context(cfg: ModelConfig, B: int, T: int, positions_BxT: jax.Array, c
                        positions_BxT=positions_BxT, cos_BxTxR=cos_BxTxR, sin_BxTxR=sin_BxTxR,
                        local_cos_BxTxR=local_cos, local_sin_BxTxR=local_sin, region_BxTxU=region_BxTxU,
                        mask_BxTxW=mask_BxTxW, windows=windows, bucket=bucket, attention_path=path,
-                       live_T=opts.live_T, slots_BxT=opts.slots_BxT)
+                       live_T=opts.live_T, slots_BxT=opts.slots_BxT,
+                       attn_prefix_BxTxD=None if opts.attn_prefix_BxTxD is None
+                       else opts.attn_prefix_BxTxD.astype(dtype))
 
 
 def _window(ctx: _LayerContext, layer) -> int | jax.Array:
@@ -286,6 +293,8 @@ def _project_qkv(ctx: _LayerContext, lp: Params, x_BxTxD: jax.Array, layer):
   cfg = ctx.cfg
   B, T, H, K, E = ctx.B, ctx.T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   h_BxTxD = rms_norm(x_BxTxD, lp["attn_norm"], cfg.norm_eps) if cfg.input_norm else x_BxTxD
+  if ctx.attn_prefix_BxTxD is not None:                 # EAGLE-3: q/k/v over [normed embedding ; normed hidden]
+    h_BxTxD = jnp.concatenate([ctx.attn_prefix_BxTxD, h_BxTxD], axis=-1)
   qkv = linear(h_BxTxD, lp["w_qkv"], ctx.live_T, ctx.backends)
   if cfg.qkv_bias:
     qkv = qkv + lp["b_qkv"]

@@ -21,6 +21,13 @@ Parameters: trainable ``fc``, ``fuse`` (fused features only), ``layers`` (one st
 layout) and ``final_norm``; frozen, from the target: ``embed`` [V, M], ``lm_head`` [Vr, M] and, when reduced,
 ``head_ids`` [Vr].
 
+Published EAGLE-3 drafters (``layout="eagle3"``, loaded by ``checkpoints/eagle3_io.py``) differ in three
+places: the target feature is ``fuse`` over the raw taps (no normalisation, or their ``fuse_norm``); the layer's
+input is not fc([embed; g]) but g itself, its attention reading [input_norm(embed(x)) ; hidden_norm(g)]
+(``decoder.forward``'s ``attn_prefix_BxTxD``), the residual g; and the feature a deeper node feeds is the
+layer's output before the final norm (after it with ``norm_output``).  Their own ``lm_head`` covers a draft
+vocabulary whose target ids are ``head_ids`` (their ``d2t``), scattered like a reduced head.
+
 In the engine (``EagleDrafter``) the state is the drafter's one-layer KV cache plus the target features of
 the tokens accepted by the last step, which the next propose feeds first (re-computing the accepted nodes'
 entries with the target's features instead of the drafter's guesses): no extra target pass.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +49,7 @@ from specjax.models.kv_cache import KVCache, init_cache
 from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
 
 
-LAYOUTS = ("specjax", "eagle1")
+LAYOUTS = ("specjax", "eagle1", "eagle3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +62,12 @@ class EagleConfig:
                                            # in one forward (K - 1 learned placeholders); 0: sequential
   layout: str = "specjax"                  # "specjax" (trained here) or "eagle1": a published EAGLE-1/2 drafter
                                            # (fc with a bias, no norm before its attention or its head, RoPE
-                                           # base 10000 whatever the target's, as the EAGLE package computes it)
+                                           # base 10000 whatever the target's, as the EAGLE package computes it);
+                                           # "eagle3": a published EAGLE-3 drafter (see the module docstring)
+  layer: tuple[tuple[str, Any], ...] = ()  # ModelConfig fields of the drafter's layer that differ from the
+                                           # target's (a published drafter's own sizes, rope, q/k norms)
+  norm_before_residual: bool = False       # EAGLE-3 (speculators): the residual is hidden_norm(g), not g
+  norm_output: bool = False                # EAGLE-3.1 (speculators): deeper nodes feed the normed output
 
   def __post_init__(self):
     if self.vocab_size == self.target.vocab_size:       # one spelling of "the full vocabulary"
@@ -96,7 +109,15 @@ class EagleConfig:
     if self.layout == "eagle1":
       cfg = cfg.replace(name=cfg.name + "-eagle1", input_norm=False, final_norm=False, rope_theta=10000.0,
                         rope_scaling=None)
+    if self.layout == "eagle3":     # the attention norm is its hidden_norm (applied outside when it is residual)
+      cfg = cfg.replace(name=cfg.name + "-eagle3", input_norm=not self.norm_before_residual, **dict(self.layer))
     return cfg
+
+  @property
+  def feeds_prenorm(self) -> bool:
+    """Whether a deeper node's feature is the layer's output before the final norm (EAGLE-3) rather than the
+    normed hidden state the head reads (specjax's heads; EAGLE-1 has no final norm, so both are one)."""
+    return self.layout == "eagle3" and not self.norm_output
 
   def to_dict(self) -> dict:
     return {**({"layout": self.layout} if self.layout != "specjax" else {}),
@@ -125,6 +146,27 @@ def init_trainable(ecfg: EagleConfig, key: jax.Array) -> dict:
   return params
 
 
+def init_eagle3(ecfg: EagleConfig, key: jax.Array, head_ids=None) -> dict:
+  """Random parameters of the published EAGLE-3 architecture for ``ecfg`` (layout "eagle3"): ``fuse`` over the
+  raw taps, a layer whose q/k/v read 2M inputs, unit norms and its own ``lm_head`` over ``head_size`` rows
+  (target ids ``head_ids`` when reduced).  The embedding is added from the target (``frozen_from_target``)."""
+  cfg, M, F = ecfg.layer_cfg, ecfg.target.d_model, ecfg.feature_dim
+  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  k_layer, k_qkv, k_fuse, k_head = jax.random.split(key, 4)
+  layers = model_lib.init_params(cfg.replace(vocab_size=8, tie_embeddings=True), k_layer)["layers"]
+  layers["w_qkv"] = jax.random.normal(k_qkv, (1, (H + 2 * K) * E, 2 * M)) / math.sqrt(2 * M)
+  params = {"fuse": jax.random.normal(k_fuse, (M, F)) / math.sqrt(F), "embed_norm": jnp.ones((M,), jnp.float32),
+            "final_norm": jnp.ones((M,), jnp.float32), "layers": layers,
+            "lm_head": jax.random.normal(k_head, (ecfg.head_size, M)) / math.sqrt(M)}
+  if ecfg.norm_before_residual:
+    params["hidden_norm"] = jnp.ones((M,), jnp.float32)
+  if ecfg.reduced:
+    if head_ids is None or len(head_ids) != ecfg.head_size:
+      raise ValueError(f"a reduced vocabulary of {ecfg.head_size} needs head_ids of that length")
+    params["head_ids"] = jnp.asarray(np.asarray(head_ids), jnp.int32)
+  return params
+
+
 def frozen_from_target(ecfg: EagleConfig, target_params, head_ids=None) -> dict:
   """The drafter's frozen part: the target's embedding and its head rows (``head_ids`` when reduced)."""
   embed = target_params["embed"]
@@ -149,12 +191,26 @@ def normalized_taps(ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
   return parts.reshape(feats_BxTxF.shape)
 
 
+def eagle3_taps(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
+  """What a published EAGLE-3 ``fc`` multiplies: the taps as they are, or normalised as its checkpoint says —
+  ``fuse_norm`` [n, M], each tap by its own RMSNorm (``fc_norm``), or [n·M], one over all of them
+  (speculators' ``norm_before_fc``)."""
+  x = feats_BxTxF.astype(jnp.float32)
+  if "fuse_norm" not in params:
+    return x
+  w, eps = params["fuse_norm"], ecfg.layer_cfg.norm_eps
+  if w.ndim == 1:
+    return model_lib.rms_norm(x, w, eps)
+  parts = x.reshape(*x.shape[:-1], *w.shape)
+  return model_lib.rms_norm(parts, w, eps).reshape(x.shape)
+
+
 def target_feature(params, ecfg: EagleConfig, feats_BxTxF: jax.Array) -> jax.Array:
   """A target feature in the drafter's width M: as is (final hidden state), or each tapped layer
   RMS-normalised and fused by ``fuse``."""
   if not ecfg.fused:
     return feats_BxTxF
-  taps = normalized_taps(ecfg, feats_BxTxF)
+  taps = eagle3_taps(params, ecfg, feats_BxTxF) if ecfg.layout == "eagle3" else normalized_taps(ecfg, feats_BxTxF)
   if quant.is_quantized(params["fuse"]):           # a head at --draft-weights int8/int4/bf16
     return model_lib.linear(taps.reshape(-1, 1, taps.shape[-1]), params["fuse"]).reshape(*taps.shape[:-1], -1)
   return jnp.einsum("...f,df->...d", taps, params["fuse"])
@@ -167,6 +223,20 @@ def input_proj(params, tokens_BxT: jax.Array, g_BxTxM: jax.Array, backends=None)
   x = jnp.concatenate([e, g_BxTxM.astype(jnp.float32)], axis=-1)
   y = model_lib.linear(x, params["fc"], backends=backends)
   return y + params["fc_bias"] if "fc_bias" in params else y        # EAGLE-1's fc has a bias
+
+
+def layer_inputs(params, ecfg: EagleConfig, tokens_BxT: jax.Array, g_BxTxM: jax.Array, backends=None):
+  """The layer's inputs for tokens x with features g: (its residual input [B,T,M], the attention prefix or
+  None).  EAGLE-1 and specjax's heads: (fc([embed(x) ; g]), None); EAGLE-3: (g, or hidden_norm(g) when that is
+  the residual; input_norm(embed(x)))."""
+  if ecfg.layout != "eagle3":
+    return input_proj(params, tokens_BxT, g_BxTxM, backends), None
+  eps = ecfg.layer_cfg.norm_eps
+  e = quant.embed_rows(params["embed"], tokens_BxT, jnp.float32)
+  g = g_BxTxM.astype(jnp.float32)
+  if ecfg.norm_before_residual:
+    g = model_lib.rms_norm(g, params["hidden_norm"], eps)
+  return g, model_lib.rms_norm(e, params["embed_norm"], eps)
 
 
 def to_target_vocab(params, ecfg: EagleConfig, logits_BxTxVr: jax.Array) -> jax.Array:
@@ -214,11 +284,11 @@ class EagleDrafter(ModelDrafter):
     B, P = prompt_BxP.shape
     cache = init_cache(self.cfg, B, max_len, CACHE_DTYPE).with_lengths(jnp.zeros((B,), jnp.int32))
     g = target_feature(draft_params, self.ecfg, previous_features(target_features_BxPxF))
-    x = input_proj(draft_params, prompt_BxP, g, model_lib.backends_of(self.cfg))
+    x, prefix = layer_inputs(draft_params, self.ecfg, prompt_BxP, g, model_lib.backends_of(self.cfg))
     window = next((w for w in self.buckets if w >= P), self.buckets[-1]) if self.buckets else None
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     out = model_lib.forward(draft_params, self.cfg, prompt_BxP, pos, cache, kv_window=window,
-                            head_index_B=prompt_lens_B - 1, inputs_embeds_BxTxD=x)
+                            head_index_B=prompt_lens_B - 1, inputs_embeds_BxTxD=x, attn_prefix_BxTxD=prefix)
     last_feat = jnp.take_along_axis(target_features_BxPxF, (prompt_lens_B - 1)[:, None, None], axis=1)
     feats = jnp.zeros((B, self.pending, self.ecfg.feature_dim), jnp.float32).at[:, :1].set(last_feat)
     return EagleState(cache=out.cache.with_lengths(prompt_lens_B), feats_BxD1xF=feats)
@@ -234,22 +304,32 @@ class EagleDrafter(ModelDrafter):
     B, S = seq_BxS.shape
     pos = c[:, None] + jnp.arange(self.pending, dtype=jnp.int32)[None, :]
     tokens = jnp.take_along_axis(seq_BxS, jnp.minimum(pos, S - 1), axis=1)
-    x = input_proj(params, tokens, target_feature(params, self.ecfg, state.feats_BxD1xF),
-                   model_lib.backends_of(self.cfg))
-    out = decode.windowed_forward(params, self.cfg, tokens, pos, state.cache, buckets=self.buckets,
-                                  live_T=jnp.max(lengths_B - c) + 1, inputs_embeds_BxTxD=x,
-                                  head_index_B=lengths_B - c if head else jnp.zeros((B, 0), jnp.int32))
+    root_B = lengths_B - c
+    out = self._forward(params, tokens, pos, state.cache, target_feature(params, self.ecfg, state.feats_BxD1xF),
+                        live_T=jnp.max(root_B) + 1,
+                        head_index_B=root_B if head else jnp.zeros((B, 0), jnp.int32))
     if not head:
       return None, None, out.cache.with_lengths(lengths_B)
     logits = to_target_vocab(params, self.ecfg, out.logits[:, 0])
+    if self.ecfg.feeds_prenorm:
+      return logits, jnp.take_along_axis(out.features, root_B[:, None, None], axis=1)[:, 0], \
+          out.cache.with_lengths(lengths_B)
     return logits, out.hidden[:, 0], out.cache.with_lengths(lengths_B)
+
+  def _forward(self, params, tokens_BxT, pos_BxT, cache: KVCache, g_BxTxM, **kw):
+    """The layer over tokens with their features (``windowed_forward``'s keywords in ``kw``); with
+    ``feeds_prenorm`` its output before the final norm comes back as ``features``."""
+    x, prefix = layer_inputs(params, self.ecfg, tokens_BxT, g_BxTxM, model_lib.backends_of(self.cfg))
+    return decode.windowed_forward(params, self.cfg, tokens_BxT, pos_BxT, cache, buckets=self.buckets,
+                                   inputs_embeds_BxTxD=x, attn_prefix_BxTxD=prefix,
+                                   feature_layers=(0,) if self.ecfg.feeds_prenorm else None, **kw)
 
   def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
     pos = jnp.broadcast_to(cache.lengths[:, None] + depth, tokens_BxW.shape)
-    x = input_proj(params, tokens_BxW, parent_feat_BxWxF, model_lib.backends_of(self.cfg))
-    out = decode.windowed_forward(params, self.cfg, tokens_BxW, pos, cache, buckets=self.buckets,
-                                  region_mask_BxTxU=mask_BxWxU, slots_BxT=slots_BxW, inputs_embeds_BxTxD=x)
-    return to_target_vocab(params, self.ecfg, out.logits), out.hidden, out.cache.with_lengths(cache.lengths)
+    out = self._forward(params, tokens_BxW, pos, cache, parent_feat_BxWxF, region_mask_BxTxU=mask_BxWxU,
+                        slots_BxT=slots_BxW)
+    fed = out.features if self.ecfg.feeds_prenorm else out.hidden
+    return to_target_vocab(params, self.ecfg, out.logits), fed, out.cache.with_lengths(cache.lengths)
 
   def _with_cache(self, state: EagleState, cache: KVCache):
     return state.replace(cache=cache)
