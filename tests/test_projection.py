@@ -145,3 +145,51 @@ def test_the_stored_eager_floors_are_the_fit_and_hold_on_rows_left_out(spec_benc
   assert (a, b) == pytest.approx((devices.EAGER_FLOOR_S, devices.EAGER_FLOOR_PER_LAYER_S), abs=6e-6)
   loo = errors(published.leave_one_out(rows, eager, t))     # each row predicted by a fit to the other six
   assert np.median(np.abs(list(loo.values()))) <= 0.05 and max(map(abs, loo.values())) <= 0.11, loo
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bench --project: a measured result's τ priced on a named device spec
+
+
+def test_bench_projects_its_measured_tau_onto_a_named_spec(tiny_model):
+  """A draft model (here the tiny target drafting for itself) on h100-sxm: its k forwards priced there, the
+  verify of k + 1 rows, the regime's iteration floor; the chain's per-position acceptance picks the best k."""
+  from specjax import api
+  from specjax.cli.decoding import _projected_line
+  from specjax.eval import bench
+  m = api.load(tiny_model)
+  prompts = [api.Prompt(i, "qa", f"the world the world {i}") for i in range(2)]
+  r = bench.bench(m, prompts, drafter="model", draft=m, k=3, max_new_tokens=8, bandwidth={"best": 10.0},
+                  project="h100-sxm", log=lambda *a: None)
+  p = r["projected"]
+  assert p["device"] == "h100-sxm" and p["nodes"] == 3 and p["draft_forwards"] == 3 and p["draft"] == m.cfg.name
+  tau = r["mean_accepted_length"]
+  for regime in ("xla", "eager"):
+    q = p[regime]
+    spec = costmodel.in_regime(costmodel.DEVICES["h100-sxm"], regime)
+    assert q["iteration_floor_ms"] == spec.iteration_floor_s * 1e3
+    assert q["draft_ms"] > 0 and q["speedup"] == pytest.approx(
+        tau * q["plain_ms"] / (q["verify_ms"] + q["draft_ms"] + q["iteration_floor_ms"]), rel=1e-9)
+    assert 1 <= q["best_k"] <= 3 and q["best_k_speedup"] > 0
+  # Eager launches cost the three draft forwards and the iteration far more than one compiled program does.
+  assert p["eager"]["draft_ms"] > 10 * p["xla"]["draft_ms"]
+  line = _projected_line({**r, "method": "model k=3"})
+  assert line.startswith("model k=3 projected onto h100-sxm: ") and "xla" in line and "eager" in line
+  assert f"measured here {r['speedup']:.2f}x" in line
+
+
+def test_bench_project_names_an_unknown_spec_before_loading(no_weights):
+  proc = specjax_here("bench", "--drafter", "ngram", "--project", "h100")
+  err = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(err) == 1, proc.stderr
+  assert "unknown device spec 'h100'" in err[0] and "h100-sxm" in err[0]
+
+
+def test_a_lookup_projects_with_no_draft_cost_and_a_hybrid_by_its_model_share():
+  t, d = hf_config(VICUNA_7B), hf_config(VICUNA_68M)
+  lookup = projection.project_measured("a100-sxm-80gb", t, 1.73, 10, 0, None, context=512)
+  assert lookup["xla"]["draft_ms"] == 0 == lookup["eager"]["draft_ms"]
+  assert lookup["eager"]["speedup"] == pytest.approx(1.60, abs=0.02)         # Spec-Bench's PLD row: 1.59x
+  half = projection.project_measured("a100-sxm-80gb", t, 2.0, 4, 4, d, draft_share=0.5)
+  full = projection.project_measured("a100-sxm-80gb", t, 2.0, 4, 4, d)
+  assert half["eager"]["draft_ms"] == pytest.approx(full["eager"]["draft_ms"] / 2)

@@ -28,7 +28,8 @@ from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fi
                          device_inputs, run_batch, encode_prompts, on_mesh, resolve_tree, spec_metrics)
 from specjax.errors import SpecjaxError
 from specjax.models.kv_cache import cache_bytes
-from specjax.measure import calibrate
+from specjax.measure import calibrate, projection
+from specjax.measure.devices import published_spec
 from specjax.prompts import Prompt
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.speculative import registry as drafter_registry
@@ -260,9 +261,24 @@ def _roofline(m: Model, batch_size: int, kv_bytes: float, bandwidth_gbs: float) 
   return batch_size * bandwidth_gbs * 1e9 / (m.weight_bytes + kv_bytes)
 
 
+def projected_on(device: str, m: Model, method: Method, metrics: dict, draft: Model | None, B: int,
+                 context: float, lookup_share: float | None = None) -> dict:
+  """The run's τ (and a chain's per-position acceptance) on a published device spec: its verify rows and its
+  drafter's forwards priced there, in each implementation regime (``measure.projection``)."""
+  kind = drafter_registry.get(method.settings["drafter"])
+  dcfg = drafter_registry.draft_config(kind, m.cfg, draft.cfg if kind.draft_model and draft is not None else None,
+                                       method.settings.get("draft_layers"))
+  chain = str(method.settings.get("tree", "")).startswith("chain:")
+  return projection.project_measured(
+      device, m.cfg, metrics["mean_accepted_length"], method.k_max, method.engine.drafter.forwards(method.engine.shape),
+      dcfg, acceptance=metrics["acceptance_by_position"] if chain else None, draft_share=1.0 - (lookup_share or 0.0),
+      B=B, context=int(context), weights=m.weights,
+      draft_weights=draft.weights if kind.draft_model and draft is not None else method.settings.get("head_weights"))
+
+
 def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_len: int, eos_ids,
             draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
-            log=print, timer: Timer | None = None) -> tuple[dict, list[dict]]:
+            log=print, timer: Timer | None = None, project: str | None = None) -> tuple[dict, list[dict]]:
   """Plain decoding and each speculative setting in ``specs`` (``speculative_method`` keyword dicts, e.g.
   ``{"drafter": "ngram", "k": 5}``, ``{"drafter": "ngram", "tree": "branch:2,2"}`` or, with its own
   ``draft``, ``{"drafter": "eagle", "k": 5, "draft": DIR}``) on the same batches,
@@ -270,7 +286,8 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
 
   Returns (autoregressive results with the roofline, one result dict per spec): totals as before (tokens/s
   over all runs, speedup = ratio of totals), the paired statistics of ``paired.summarize``, acceptance
-  metrics, and the speedup predicted from τ and the draft and verify costs timed alone."""
+  metrics, and the speedup predicted from τ and the draft and verify costs timed alone; with ``project`` (a
+  published device spec's name) also what the cost model predicts there (``projected_on``)."""
   timer = timer or Timer(log)
   batch_size = batches[0][0].shape[0]
   methods = [autoregressive_method(m, eos_ids, max_len, batch_size)] + [   # each refused if it cannot fit
@@ -327,6 +344,9 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     if timed["lookup_steps"][i] is not None:    # hybrid: the share of live steps drafted by lookup, no forward
       live_steps = float(np.sum(distributed.to_host(timed["stats"][i].verify_steps_B)))
       results[-1]["lookup_step_share"] = timed["lookup_steps"][i] / max(live_steps, 1.0)
+    if project:
+      results[-1]["projected"] = projected_on(project, m, method, metrics, draft, batch_size, mean_context,
+                                              results[-1].get("lookup_step_share"))
     log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
         f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; output identical to "
         f"plain decoding for {same}/{compared} sequences")
@@ -350,12 +370,15 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
           mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print,
-          chat: bool | None = None) -> dict:
+          chat: bool | None = None, project: str | None = None) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
   ``chat``: prompts through the chat template (None: when the model has one; ``api.encode_prompts``).
-  ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``)."""
+  ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``).  ``project``: a
+  published device spec's name; each speculative result also gives the speedup predicted there (``projected``)."""
   kind = drafter_registry.get(drafter)
+  if project is not None:
+    published_spec(project)            # an unknown name fails before any decoding
   if repeats < 1:
     raise SpecjaxError(f"--repeats must be >= 1, got {repeats}")
   if mesh is not None:
@@ -392,7 +415,7 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
       for t in trees]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
-                             timer=timer)
+                             timer=timer, project=project)
   outputs = ar.pop("outputs")
   result["generations"] = _generations(m, prompts, [AR_LABEL] + [r["method"] for r in spec_results],
                                        outputs)

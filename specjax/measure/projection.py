@@ -69,3 +69,34 @@ def projected(spec: costmodel.DeviceSpec, cfg: ModelConfig, tau: float, verify_r
           "tau": tau, "verify_rows": verify_rows, "plain_ms": plain * 1e3, "verify_ms": verify * 1e3,
           "draft_ms": draft * 1e3, "iteration_floor_ms": fixed * 1e3,
           "speedup": tau * plain / (verify + draft + fixed)}
+
+
+def project_measured(device: str, cfg: ModelConfig, tau: float, nodes: int, forwards: int,
+                     draft_cfg: ModelConfig | None, *, acceptance: Sequence[float] | None = None,
+                     draft_share: float = 1.0, B: int = 1, context: int = 256, weights: str = "fp32",
+                     draft_weights: str | None = None) -> dict:
+  """A measured run on the published spec ``device`` in each regime: its τ over N = ``nodes`` draft nodes (N + 1
+  verified rows), ``forwards`` draft forwards of ``draft_cfg`` per iteration (None: a lookup), run on
+  ``draft_share`` of the iterations (a hybrid's model steps), at bfloat16 with the weight type's bytes.  With a
+  chain's per-position ``acceptance``, also the k ≤ N that pays best there (τ(k) from the acceptance)."""
+  from specjax.measure.devices import REGIMES, published_spec
+  kind = lambda w: w if w in ("int8", "int4") else "fp32"      # noqa: E731  (fp32: the compute dtype's bytes)
+  out = {"device": device, "nodes": nodes, "draft_forwards": forwards * draft_share,
+         "draft": None if draft_cfg is None else draft_cfg.name}
+  for regime in REGIMES:
+    spec = published_spec(device, regime)
+
+    def at(n: int, t: float) -> dict:
+      if forwards == nodes:                # a chain, one forward per drafted token
+        passes = chain_passes(draft_cfg, n)
+      else:                                # one forward in all, or one per depth of a tree of the same depth
+        passes = tree_passes(draft_cfg, forwards, n)
+      passes = [dataclasses.replace(p, times=p.times * draft_share) for p in passes]
+      return projected(spec, cfg, t, n + 1, passes, B=B, context=context, weights=kind(weights),
+                       draft_weights=kind(draft_weights or weights))
+    p = at(nodes, tau)
+    out[regime] = {k: p[k] for k in ("speedup", "plain_ms", "verify_ms", "draft_ms", "iteration_floor_ms")}
+    if acceptance:
+      best = max(range(1, nodes + 1), key=lambda k: at(k, costmodel.expected_accepted(acceptance, k))["speedup"])
+      out[regime].update(best_k=best, best_k_speedup=at(best, costmodel.expected_accepted(acceptance, best))["speedup"])
+  return out
