@@ -83,20 +83,43 @@ def test_unknown_drafter_and_k_too_large(tiny_model):
                                   "--ngram-caps", "-1"), "--ngram-caps", ">= 0")
 
 
-def test_draft_vocabulary_mismatch(tiny_model, tmp_path):
-  other_cfg = CFG.replace(name="other", vocab_size=CFG.vocab_size + 5)
-  other = tmp_path / "other.gguf"
+def _gguf_with_vocabulary(path, tokens, types, merges, seed: int) -> str:
+  """A tiny checkpoint whose vocabulary is ``tokens`` (helpers' vocabulary swapped in while it is written)."""
   from tests import helpers as tc            # write_gguf reads the vocabulary from there
-  tokens = tc.TOKENS + [f"<extra{i}>" for i in range(5)]
-  saved = (tc.TOKENS, tc.TOKEN_TYPES)
-  tc.TOKENS, tc.TOKEN_TYPES = tokens, tc.TOKEN_TYPES + [1] * 5
+  cfg = CFG.replace(name=path.stem, vocab_size=len(tokens))
+  saved = (tc.TOKENS, tc.TOKEN_TYPES, tc.MERGES)
+  tc.TOKENS, tc.TOKEN_TYPES, tc.MERGES = tokens, types, merges
   try:
-    write_gguf(other, other_cfg, random_hf_params(other_cfg, seed=4))
+    return str(write_gguf(path, cfg, random_hf_params(cfg, seed=seed)))
   finally:
-    tc.TOKENS, tc.TOKEN_TYPES = saved
-  proc = specjax("generate", "--model", tiny_model, "--prompt", "hello", "--drafter", "model", "--draft",
-                 str(other), "--max-new-tokens", "4")
-  assert_clean_error(proc, "vocabulary", "tokenizer")
+    tc.TOKENS, tc.TOKEN_TYPES, tc.MERGES = saved
+
+
+def test_a_draft_of_another_tokenizer_drafts_across_tokenizers(tiny_model, tmp_path):
+  """Another vocabulary (5 more tokens) drafts through the map, said in one line: greedy output unchanged.  A
+  drafter that reads the target's tokens (hybrid) refuses it in one line naming the one that does not."""
+  from tests import helpers as tc
+  other = _gguf_with_vocabulary(tmp_path / "other.gguf", tc.TOKENS + [f"<extra{i}>" for i in range(5)],
+                                tc.TOKEN_TYPES + [1] * 5, tc.MERGES, seed=4)
+  run = lambda *a: specjax("generate", "--model", tiny_model, "--prompt", "hello world", "--max-new-tokens", "8",
+                           "--json", *a)
+  plain, across = run(), run("--drafter", "model", "--draft", other, "--k", "3")
+  assert plain.returncode == 0 and across.returncode == 0, across.stderr
+  assert "drafting across tokenizers: 270 tokens map" in across.stderr, across.stderr
+  tokens = lambda proc: [o["token_ids"] for o in json.loads(proc.stdout)["outputs"]]
+  assert tokens(across) == tokens(plain)
+  assert_clean_error(run("--drafter", "hybrid", "--draft", other), "tokenizer", "--drafter model")
+
+
+def test_a_draft_sharing_almost_no_tokens_is_refused(tiny_model, tmp_path):
+  from tests import helpers as tc
+  # two byte strings in common with the target's vocabulary ("z", "q"): 0.7% of it
+  tokens = ["<s>", "<bos>", "<eos>", "z", "q", "zq"] + [f"zq{i}" for i in range(len(tc.TOKENS) - 6)]
+  other = _gguf_with_vocabulary(tmp_path / "disjoint.gguf", tokens, [3] * 3 + [1] * (len(tokens) - 3),
+                                [("z", "q")], seed=5)
+  proc = specjax("generate", "--model", tiny_model, "--prompt", "hello", "--drafter", "model", "--draft", other,
+                 "--max-new-tokens", "4")
+  assert_clean_error(proc, "share 2 tokens", "disjoint.gguf", "tiny.gguf", "different tokenizers")
 
 
 def test_bench_json_reports_speculative_metrics(tiny_model, tmp_path):

@@ -87,7 +87,8 @@ def add_drafter_flags(p: argparse.ArgumentParser, trees: bool = True, default: s
                  "eagle-parallel | eagle-hybrid | suffix (hybrid: prompt lookup where the last --ngram tokens "
                  "occurred before, the draft model elsewhere; eagle-hybrid: the same with a trained head; suffix: "
                  "suffix decoding over earlier requests)")
-  p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (same tokenizer as --model); "
+  p.add_argument("--draft", default=None, help="--drafter model or hybrid: a draft model (hybrid: same tokenizer as --model; "
+                 "model: another tokenizer drafts through a map of the tokens both vocabularies hold); "
                  "--drafter eagle, eagle-parallel or eagle-hybrid: a trained drafter's directory "
                  "(`specjax models` lists them)")
   if trees:

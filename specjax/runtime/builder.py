@@ -20,7 +20,7 @@ from specjax.models import buffers, decoder as model_lib, quant, sampling
 from specjax import speculative as spec
 from specjax.errors import SpecjaxError
 from specjax.progress import say
-from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary
+from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary, check_vocab_map, same_tokenizer
 from specjax.runtime.loaded import Model, load
 from specjax.runtime.request import DecodeSpec
 from specjax.runtime.request import TreeChoice, tree_stats
@@ -60,14 +60,35 @@ def build_drafter(m: Model, ds: DecodeSpec, *, max_len: int, draft: "Model | str
   if kind.draft_model:
     if draft is None:
       draft = default_draft_model(m)
-    check_same_vocabulary(m, draft)
     # The draft runs inside the target's program: with its backends (its mesh, where the target is sharded).
-    inputs.update(draft_cfg=draft.cfg.replace(backends=m.cfg.backends), draft_params=draft.exec_params)
+    inputs.update(draft_cfg=draft.cfg.replace(backends=m.cfg.backends), draft_params=draft.exec_params,
+                  vocab_map=vocabulary_map(m, draft, kind))
   depth = ds.choice.shape.max_depth if ds.choice is not None else None
   d_obj, d_params = drafter_registry.build(kind, m.cfg, m.exec_params, k=k, depth=depth, buckets=buckets,
                                            ngram=ds.ngram, ngram_caps=ds.ngram_caps, index_tokens=ds.index_tokens,
                                            **inputs)
   return d_obj, d_params, k
+
+
+def vocabulary_map(m: Model, draft: Model, kind, log=say):
+  """None when ``draft`` shares the target's tokenizer; else the map between their vocabularies
+  (``checkpoints/vocab_map.py``), made once per pair and kept with the target, its mapped share said in one line.
+  Refused in one line for a kind that cannot draft across tokenizers, or a pair that shares too little."""
+  if same_tokenizer(m, draft):
+    return None
+  if not kind.across_tokenizers:
+    across = ", ".join(n for n, k in drafter_registry.KINDS.items() if k.across_tokenizers)
+    check_same_vocabulary(m, draft, f" (--drafter {kind.name} reads the target's tokens; --drafter {across} "
+                                    "drafts across tokenizers)")
+  key = ("vocab-map", draft.source, draft.cfg.vocab_size)
+  if key not in m.companions:
+    from specjax.checkpoints import vocab_map
+    vm = vocab_map.build(m.tokenizer, draft.tokenizer, target_vocab=m.cfg.vocab_size,
+                         draft_vocab=draft.cfg.vocab_size)
+    check_vocab_map(vm, m, draft)
+    log(vm.summary(m.source, draft.source))
+    m.companions[key] = vm
+  return m.companions[key]
 
 
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
@@ -179,6 +200,7 @@ class Decode:
   draft: Model | None = None                   # the draft model, for a kind that runs one
   draft_layers: tuple[int, ...] | None = None  # layer-skip: the target's layers it drafts with
   target_weights: str | None = None            # the target's weight type (a draft model's differing is labelled)
+  vocab_map: Any = None                        # a draft model of another tokenizer: the map it drafts through
 
   @property
   def label(self) -> str:
@@ -201,6 +223,8 @@ class Decode:
       out["head_weights"] = self.spec.head_weights
     if self.draft is not None:
       out["draft_weights"] = self.draft.weights
+    if self.vocab_map is not None:
+      out["vocab_map"] = self.vocab_map.to_dict()
     return out
 
   def engine_for(self, k: int, stats_nodes: int) -> spec.Engine:
@@ -247,5 +271,6 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
   engine = make_engine(m, d_obj, k_max, ds.sampling, tuple(eos_ids), max_len,
                        tree=choice.shape if choice else None)
   layers = parse_layers(ds.draft_layers, m.cfg.num_layers) if kind.layers else None
+  vmap = vocabulary_map(m, draft, kind) if kind.draft_model else None
   return Decode(ds, engine, d_params, k_max, choice, max_len, draft if kind.draft_model else None, layers,
-                m.weights)
+                m.weights, vmap)

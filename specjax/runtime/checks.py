@@ -1,5 +1,5 @@
 """What a decode must satisfy before anything is allocated: the memory bill fits, the prompts fit the
-buffer, a draft shares the target's tokenizer."""
+buffer, a draft shares the target's tokenizer (or, drafting across tokenizers, enough of its vocabulary)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +8,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from specjax.checkpoints import vocab_map
 from specjax.measure import memory
 from specjax.errors import SpecjaxError
 from specjax.runtime.loaded import Model
@@ -58,13 +59,34 @@ def check_fits(prompt_lens: Sequence[int], max_new_tokens: int, max_len: int, ex
         "or --max-new-tokens")
 
 
-def check_same_vocabulary(target: Model, draft: Model) -> None:
-  tv, dv = target.tokenizer.vocab_size, draft.tokenizer.vocab_size
-  if target.cfg.vocab_size != draft.cfg.vocab_size or tv != dv:
-    raise SpecjaxError(f"draft model '{draft.source}' has a vocabulary of {draft.cfg.vocab_size} tokens but the "
-                       f"target '{target.source}' has {target.cfg.vocab_size}: a draft must share the "
-                       "target's tokenizer")
+def same_tokenizer(target: Model, draft: Model) -> bool:
+  """Whether the draft reads and writes the target's token ids: the same vocabulary sizes and the same ids for
+  a few telling texts."""
+  if target.cfg.vocab_size != draft.cfg.vocab_size or target.tokenizer.vocab_size != draft.tokenizer.vocab_size:
+    return False
   sample = ["Hello world", " the", "<|im_end|>", "123 + 456 = 579", "naïve café"]
-  if any(target.tokenizer.encode(t) != draft.tokenizer.encode(t) for t in sample):
-    raise SpecjaxError(f"draft model '{draft.source}' tokenizes text differently from the target "
-                       f"'{target.source}': a draft must share the target's tokenizer")
+  return all(target.tokenizer.encode(t) == draft.tokenizer.encode(t) for t in sample)
+
+
+def check_same_vocabulary(target: Model, draft: Model, advice: str = "") -> None:
+  """Refuse a draft with another tokenizer (``advice``: what to do instead, appended)."""
+  if same_tokenizer(target, draft):
+    return
+  if target.cfg.vocab_size != draft.cfg.vocab_size:
+    why = (f"has a vocabulary of {draft.cfg.vocab_size} tokens but the target '{target.source}' has "
+           f"{target.cfg.vocab_size}")
+  else:
+    why = f"tokenizes text differently from the target '{target.source}'"
+  raise SpecjaxError(f"draft model '{draft.source}' {why}: a draft must share the target's tokenizer{advice}")
+
+
+def check_vocab_map(vm: vocab_map.VocabMap, target: Model, draft: Model) -> None:
+  """Refuse a cross-tokenizer pair whose vocabularies share too little to draft with (``vocab_map.MIN_SHARE``
+  of the smaller one), naming both sides."""
+  if vm.smaller_share >= vocab_map.MIN_SHARE:
+    return
+  raise SpecjaxError(
+      f"draft model '{draft.source}' ({vm.draft_vocab:,} tokens) and the target '{target.source}' "
+      f"({vm.target_vocab:,} tokens) have different tokenizers that share {vm.mapped:,} tokens by their bytes "
+      f"({vm.smaller_share:.1%} of the smaller vocabulary; drafting across tokenizers needs "
+      f"{vocab_map.MIN_SHARE:.0%}): choose a draft whose vocabulary overlaps the target's")
