@@ -193,3 +193,14 @@ def test_a_lookup_projects_with_no_draft_cost_and_a_hybrid_by_its_model_share():
   half = projection.project_measured("a100-sxm-80gb", t, 2.0, 4, 4, d, draft_share=0.5)
   full = projection.project_measured("a100-sxm-80gb", t, 2.0, 4, 4, d)
   assert half["eager"]["draft_ms"] == pytest.approx(full["eager"]["draft_ms"] / 2)
+
+
+def test_a_chain_s_tau_at_a_shorter_k_keeps_the_measured_tau_at_its_own():
+  """Prompt lookup drafts nothing on a step without a match, so its per-position acceptance (over the steps
+  that drafted) overstates τ; the shape comes from the acceptance, the scale from the measured τ."""
+  acc = [0.4, 0.7, 0.73, 0.86]                      # smollm2-135m, n-gram k=4, Spec-Bench summarization: τ 1.64
+  assert costmodel.expected_accepted(acc, 4) > 2.0
+  assert projection.tau_at(1.64, acc, 4, 4) == pytest.approx(1.64)
+  taus = [projection.tau_at(1.64, acc, 4, k) for k in (1, 2, 3, 4)]
+  assert taus == sorted(taus) and taus[0] == pytest.approx(1 + 0.64 * 0.4 / (costmodel.expected_accepted(acc, 4) - 1))
+  assert projection.tau_at(1.0, [0.0], 4, 2) == 1.0

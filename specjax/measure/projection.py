@@ -78,7 +78,7 @@ def project_measured(device: str, cfg: ModelConfig, tau: float, nodes: int, forw
   """A measured run on the published spec ``device`` in each regime: its τ over N = ``nodes`` draft nodes (N + 1
   verified rows), ``forwards`` draft forwards of ``draft_cfg`` per iteration (None: a lookup), run on
   ``draft_share`` of the iterations (a hybrid's model steps), at bfloat16 with the weight type's bytes.  With a
-  chain's per-position ``acceptance``, also the k ≤ N that pays best there (τ(k) from the acceptance)."""
+  chain's per-position ``acceptance``, also the k ≤ N that pays best there (``tau_at``)."""
   from specjax.measure.devices import REGIMES, published_spec
   kind = lambda w: w if w in ("int8", "int4") else "fp32"      # noqa: E731  (fp32: the compute dtype's bytes)
   out = {"device": device, "nodes": nodes, "draft_forwards": forwards * draft_share,
@@ -97,6 +97,14 @@ def project_measured(device: str, cfg: ModelConfig, tau: float, nodes: int, forw
     p = at(nodes, tau)
     out[regime] = {k: p[k] for k in ("speedup", "plain_ms", "verify_ms", "draft_ms", "iteration_floor_ms")}
     if acceptance:
-      best = max(range(1, nodes + 1), key=lambda k: at(k, costmodel.expected_accepted(acceptance, k))["speedup"])
-      out[regime].update(best_k=best, best_k_speedup=at(best, costmodel.expected_accepted(acceptance, best))["speedup"])
+      best = max(range(1, nodes + 1), key=lambda k: at(k, tau_at(tau, acceptance, nodes, k))["speedup"])
+      out[regime].update(best_k=best, best_k_speedup=at(best, tau_at(tau, acceptance, nodes, best))["speedup"])
   return out
+
+
+def tau_at(tau: float, acceptance: Sequence[float], nodes: int, k: int) -> float:
+  """τ of a chain of k ≤ N from a run at N: the per-position acceptance gives the shape, the measured τ the
+  scale.  The acceptance at a position counts only the steps that reached it, so a drafter that sometimes
+  drafts nothing (a lookup without a match) has a τ below ``expected_accepted``; scaling keeps τ(N) = τ."""
+  full = costmodel.expected_accepted(acceptance, nodes)
+  return 1.0 + (tau - 1.0) * (costmodel.expected_accepted(acceptance, k) - 1.0) / (full - 1.0) if full > 1 else 1.0
