@@ -157,7 +157,9 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
   from safetensors.numpy import load_file
   from specjax.speculative import eagle
   path = Path(path)
-  from specjax.checkpoints import eagle1_io, eagle3_io
+  from specjax.checkpoints import dflash_io, eagle1_io, eagle3_io
+  if dflash_io.is_dflash_dir(path):           # a published DFlash drafter (z-lab / SpecForge)
+    return dflash_io.load_dflash(path, target_cfg, target_params, target_name)
   if eagle3_io.is_eagle3_dir(path):           # a published EAGLE-3 drafter (SpecForge/EAGLE or speculators)
     return eagle3_io.load_eagle3(path, target_cfg, target_params, target_name)
   if eagle1_io.is_eagle1_dir(path):           # a published EAGLE-1/2 drafter
