@@ -9,7 +9,7 @@ import pytest
 
 from specjax.models import config, decoder as model
 from specjax.errors import SpecjaxError
-from specjax.speculative import medusa, drafters, eagle, registry, suffix
+from specjax.speculative import dflash, medusa, drafters, eagle, registry, suffix
 from specjax.speculative.protocol import Drafter, FeatureDrafter, LearningDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,8 @@ def test_build_gives_what_each_kind_says():
 
 
 def test_kind_properties_say_what_draft_names():
-  assert [n for n, k in registry.KINDS.items() if k.head] == ["eagle", "eagle-parallel", "eagle-hybrid", "medusa"]
+  assert [n for n, k in registry.KINDS.items() if k.head] == ["eagle", "eagle-parallel", "eagle-hybrid", "medusa",
+                                                             "dflash"]
   assert all(not (k.head and k.draft_model) for k in registry.KINDS.values())
   assert registry.speculating_help() == "--drafter " + ", ".join(n for n in registry.NAMES if n != "none")
   assert registry.speculating_help().startswith("--drafter ngram, layerskip, model, hybrid, eagle")
@@ -67,6 +68,8 @@ def _built(name: str, cfg, params):
   head = (eagle.EagleConfig(cfg, (), 0, parallel=parallel), {})
   if registry.get(name).head_layout == "medusa":
     head = (medusa.MedusaConfig(cfg, num_heads=3), {})
+  if name == "dflash":
+    head = (dflash.DFlashConfig(cfg, cfg.replace(num_layers=1), (0,), block_size=4, mask_token_id=3), {})
   return registry.build(registry.get(name), cfg, params, k=3, depth=None, buckets=(64,), layers=(0,),
                         draft_cfg=cfg, draft_params=params, head=head)[0]
 

@@ -180,11 +180,16 @@ class DFlashDrafter(ModelDrafter):
     cache = state.cache
     return write_context(params, self.dcfg, cache, state.feats_BxD1xF, cache.lengths).with_lengths(lengths_B)
 
+  def block(self, params, state: EagleState, lengths_B, last_B) -> tuple[jax.Array, KVCache]:
+    """The pending context written, then the one forward over the block under the root ``last_B`` at
+    ``lengths_B``: (logits of depths 1..max_depth [B, max_depth, V], the cache with lengths = lengths_B)."""
+    return block_logits(params, self.dcfg, self._written(params, state, lengths_B), last_B, lengths_B,
+                        self.max_depth, self.buckets)
+
   # The hooks of ModelDrafter.propose / _propose_dynamic: every depth's children come from the one forward.
 
   def _root(self, params, state: EagleState, seq_BxS, lengths_B, last_B):
-    logits, cache = block_logits(params, self.dcfg, self._written(params, state, lengths_B), last_B, lengths_B,
-                                 self.max_depth, self.buckets)
+    logits, cache = self.block(params, state, lengths_B, last_B)
     return logits[:, 0], None, PerDepthLogits(cache, logits)
 
   def _extend(self, params, drafted: PerDepthLogits, tokens_BxW, depth: int, slots_BxW, mask_BxWxU,

@@ -20,7 +20,8 @@ from typing import Any, NamedTuple, Sequence
 
 from specjax.models.config import ModelConfig
 from specjax.errors import SpecjaxError
-from specjax.speculative import cross_vocab, drafters, eagle, eagle_lookup, eagle_parallel, hybrid, medusa, suffix
+from specjax.speculative import (cross_vocab, dflash, drafters, eagle, eagle_lookup, eagle_parallel, hybrid, medusa,
+                                 suffix)
 from specjax.speculative.protocol import Drafter
 
 
@@ -38,7 +39,8 @@ class Kind:
   stateless: bool = False       # keeps no draft cache (k = 0 may run a plain engine beside it)
   priced: bool = True           # the cost model prices its chains (a hybrid's steps mix free and model drafts)
   learns: bool = False          # its draft params are an index of finished sequences (``absorb`` them)
-  head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``) or "medusa" (published)
+  head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``; a published EAGLE or DFlash
+                                # layout loads there too) or "medusa" (published Medusa heads)
   across_tokenizers: bool = False  # its draft model may have another tokenizer (``cross_vocab``, a vocabulary map)
 
   @property
@@ -69,6 +71,8 @@ KINDS = {k.name: k for k in (
          draft="head", trees=False, ngram=True, priced=False),
     Kind("medusa", "Medusa-1 heads (published layout) on the target's last hidden state, one per depth",
          draft="head", head_layout="medusa"),
+    Kind("dflash", "a DFlash drafter (published layout): non-causal layers over a block of mask tokens, reading the "
+         "target's features; a whole block in one forward", draft="head"),
     Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
          "requests and the batch", stateless=True, learns=True),
 )}
@@ -165,8 +169,16 @@ def _layerskip(x: _Inputs):
                                                                                                 x.layers)
 
 
+def _feature_head(x: _Inputs, name: str):
+  """The loaded head for an EAGLE kind, refused in one line when its directory holds a DFlash drafter."""
+  if isinstance(x.head[0], dflash.DFlashConfig):
+    raise SpecjaxError(f"drafter '{name}' reads an EAGLE head; this directory holds a DFlash drafter: use "
+                       "--drafter dflash")
+  return x.head
+
+
 def _eagle(x: _Inputs):
-  ecfg, params = x.head
+  ecfg, params = _feature_head(x, "eagle")
   if ecfg.parallel:
     return _eagle_parallel(x)
   return (eagle.EagleDrafter(ecfg.layer_cfg, name="eagle", buckets=x.buckets, ecfg=ecfg, max_depth=x.depth or x.k),
@@ -174,7 +186,7 @@ def _eagle(x: _Inputs):
 
 
 def _eagle_parallel(x: _Inputs):
-  ecfg, params = x.head
+  ecfg, params = _feature_head(x, "eagle-parallel")
   depth = x.depth or x.k
   if not ecfg.parallel:
     raise SpecjaxError("drafter 'eagle-parallel' needs a parallel drafter (trained with train_eagle.parallel = "
@@ -187,7 +199,7 @@ def _eagle_parallel(x: _Inputs):
 
 
 def _eagle_hybrid(x: _Inputs):
-  ecfg, params = x.head
+  ecfg, params = _feature_head(x, "eagle-hybrid")
   if ecfg.parallel:
     raise SpecjaxError("drafter 'eagle-hybrid' pairs prompt lookup with a sequential head; this directory holds a "
                        f"parallel one ({ecfg.parallel} positions): use --drafter eagle-parallel, or a sequential head")
@@ -204,6 +216,18 @@ def _medusa(x: _Inputs):
   return medusa.MedusaDrafter(x.target_cfg, buckets=x.buckets, mcfg=mcfg), params
 
 
+def _dflash(x: _Inputs):
+  dcfg, params = x.head
+  if not isinstance(dcfg, dflash.DFlashConfig):
+    raise SpecjaxError("drafter 'dflash' needs a DFlash drafter's directory (config.json with dflash_config); this "
+                       "one holds an EAGLE head: use --drafter eagle")
+  depth = x.depth or x.k
+  if depth > dcfg.max_depth:
+    raise SpecjaxError(f"the DFlash drafter drafts blocks of {dcfg.block_size} (depth {dcfg.max_depth}); --k/--tree "
+                       f"asks for depth {depth}: use --k {dcfg.max_depth} or a tree at most {dcfg.max_depth} deep")
+  return dflash.DFlashDrafter(dcfg.layer, buckets=x.buckets, dcfg=dcfg, max_depth=depth), params
+
+
 # One builder per kind (a new drafter: a Kind above and its builder here).
 _BUILDERS = {
     "none": lambda x: (drafters.NoDrafter(), ()),
@@ -218,6 +242,7 @@ _BUILDERS = {
     "eagle-parallel": _eagle_parallel,
     "eagle-hybrid": _eagle_hybrid,
     "medusa": _medusa,
+    "dflash": _dflash,
     "suffix": lambda x: (suffix.SuffixDrafter(), suffix.empty_index(x.index_tokens or suffix.DEFAULT_CORPUS_TOKENS)),
 }
 assert set(_BUILDERS) == set(KINDS), "every drafter kind needs a builder"
