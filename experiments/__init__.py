@@ -5,6 +5,7 @@ renders (see ``specjax.eval.report.make_plot``).
 """
 from experiments.acceptance_vs_k import acceptance_vs_k
 from experiments import coder_pair as _coder_pair
+from experiments.cross_vocab import cross_vocab
 from experiments import batch_sweep as _batch_sweep
 from experiments.drafter_table import drafter_table
 from experiments.layerskip_search import layerskip_search
@@ -18,7 +19,7 @@ from experiments import online_adapt as _online_adapt
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
                "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table,
                "roofline": _roofline.roofline, "batch_sweep": _batch_sweep.batch_sweep,
-               "coder_pair": _coder_pair.coder_pair, "weights": _weights.weights,
+               "coder_pair": _coder_pair.coder_pair, "cross_vocab": cross_vocab, "weights": _weights.weights,
                "suffix_trace": suffix_trace, "online_adapt": _online_adapt.online_adapt}
 
 # Experiments that draw their own figures: plot(result, out_dir), called by the runner after results.json.

@@ -31,7 +31,7 @@ from specjax.prompts import Prompt, load_prompts
 from specjax.runtime.compile_cache import enable as use_compile_cache
 from specjax.runtime.checks import check_fits, check_memory, check_same_vocabulary, device_memory_bytes
 from specjax.runtime.builder import (Decode, build, build_drafter, default_draft_model, load_draft, make_engine,
-                                     parse_layers)
+                                     parse_layers, vocabulary_map)
 from specjax.runtime.request import DEFAULT_NGRAM_CAPS, DecodeSpec, check_draft
 from specjax.runtime.compiled import device_inputs, run_batch
 from specjax.runtime.loaded import Model, default_dtype, load, on_mesh
@@ -55,7 +55,7 @@ __all__ = ["AUTO_MAX_LEN_LIMIT", "DEFAULT_MAX_LEN", "DEFAULT_NGRAM_CAPS", "DRAFT
            "use_compile_cache", "build_drafter", "check_fits", "check_memory", "check_same_vocabulary",
            "decode_spec", "default_draft_model", "default_dtype", "device_inputs", "device_memory_bytes",
            "encode_prompts", "generate", "load", "make_engine", "on_mesh", "run_batch", "parse_layers", "resolve_tree", "score",
-           "spec_metrics", "tokenize", "tree_stats"]
+           "spec_metrics", "tokenize", "tree_stats", "vocabulary_map"]
 
 
 @dataclasses.dataclass

@@ -187,8 +187,8 @@ def micro_pair(micro_map):
 
 
 def _micro_drafter(micro_map):
-  return lambda name="model": cross_vocab.CrossVocabDrafter(MICRO_DRAFT_CFG, name=name, target_vocab=12,
-                                                             width=micro_map.width, draft_bos=micro_map.draft_bos)
+  return lambda name="model": cross_vocab.CrossVocabDrafter(MICRO_DRAFT_CFG, name=name, width=micro_map.width,
+                                                             draft_bos=micro_map.draft_bos)
 
 
 def test_sampling_through_a_chain_is_lossless(micro_pair, micro_map):

@@ -19,7 +19,7 @@ at the slots after the root's last piece, and ``commit`` keeps the accepted path
 BOS first when its tokenizer adds one), and the draft's cache holds W·S + 1 slots for a target buffer of S.
 
 Parameters: ``{"model": the draft's params, "map": map_params(vocab map)}``:
-  draft_ids [I], target_ids [I]   the mapped tokens (I of them)
+  draft_of [V]                    each target token's draft token where it is mapped, else -1
   pieces [V, W], counts [V]       each target token's draft spelling and its length (1..W)
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.models import buffers, decode, decoder as model_lib
+from specjax.models import buffers, decode
+from specjax.models.attention import MASK_VALUE
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, cache_bytes, compact, init_cache
 from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
@@ -39,9 +40,11 @@ from specjax.speculative.drafters import CACHE_DTYPE, ModelDrafter
 
 def map_params(vocab_map) -> dict:
   """A ``vocab_map.VocabMap`` as device arrays (the drafter's ``params["map"]``)."""
+  draft_of = np.full((vocab_map.target_vocab,), -1, np.int32)
+  draft_of[np.asarray(vocab_map.target_ids)] = np.asarray(vocab_map.draft_ids)
   as_i32 = lambda x: jnp.asarray(np.asarray(x), jnp.int32)
-  return {"draft_ids": as_i32(vocab_map.draft_ids), "target_ids": as_i32(vocab_map.target_ids),
-          "pieces": as_i32(vocab_map.pieces_VxW), "counts": as_i32(vocab_map.piece_counts_V)}
+  return {"draft_of": as_i32(draft_of), "pieces": as_i32(vocab_map.pieces_VxW),
+          "counts": as_i32(vocab_map.piece_counts_V)}
 
 
 def build(draft_cfg: ModelConfig, draft_params, vocab_map, target_cfg: ModelConfig, buckets=None):
@@ -49,15 +52,16 @@ def build(draft_cfg: ModelConfig, draft_params, vocab_map, target_cfg: ModelConf
   if vocab_map.target_vocab != target_cfg.vocab_size or vocab_map.draft_vocab != draft_cfg.vocab_size:
     raise ValueError(f"a vocabulary map from {vocab_map.target_vocab} to {vocab_map.draft_vocab} tokens does not "
                      f"fit a target of {target_cfg.vocab_size} and a draft of {draft_cfg.vocab_size}")
-  drafter = CrossVocabDrafter(draft_cfg, buckets=buckets, target_vocab=target_cfg.vocab_size,
-                              width=vocab_map.width, draft_bos=vocab_map.draft_bos)
+  drafter = CrossVocabDrafter(draft_cfg, buckets=buckets, width=vocab_map.width, draft_bos=vocab_map.draft_bos)
   return drafter, {"model": draft_params, "map": map_params(vocab_map)}
 
 
-def to_target_logits(map_, logits_BxTxVd: jax.Array, target_vocab: int) -> jax.Array:
-  """Draft logits over the target's vocabulary: the mapped tokens' at their target ids, the rest masked."""
-  mapped = jnp.take(logits_BxTxVd, map_["draft_ids"], axis=-1)
-  return model_lib.scatter_to_vocab(mapped, map_["target_ids"], target_vocab)
+def to_target_logits(map_, logits_BxTxVd: jax.Array) -> jax.Array:
+  """Draft logits over the target's vocabulary: a mapped target token's is its draft token's, every other
+  target token's ``MASK_VALUE`` (probability exactly 0 after softmax).  A gather, one per target token."""
+  draft_of = map_["draft_of"]
+  picked = jnp.take(logits_BxTxVd.astype(jnp.float32), jnp.maximum(draft_of, 0), axis=-1)
+  return jnp.where(draft_of >= 0, picked, MASK_VALUE)
 
 
 def front_compact(ids_BxT: jax.Array, valid_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -77,7 +81,6 @@ class CrossVocabState:
 @dataclasses.dataclass(frozen=True)
 class CrossVocabDrafter(ModelDrafter):
   """A draft model of another tokenizer (``ModelDrafter``'s trees; ``cfg`` is the draft's)."""
-  target_vocab: int = 0
   width: int = 2                 # W: draft tokens a target token is read as, at most
   draft_bos: int = -1            # put before the prompt's pieces (-1: none)
   name: str = "model"
@@ -128,7 +131,7 @@ class CrossVocabDrafter(ModelDrafter):
     pos = cache.lengths[:, None] + jnp.arange(1 + W)[None, :]
     out = decode.windowed_forward(params["model"], self.cfg, tokens, pos, cache, buckets=self._buckets(cache),
                                   head_index_B=count_B - 1)
-    logits = to_target_logits(map_, out.logits[:, 0], self.target_vocab)
+    logits = to_target_logits(map_, out.logits[:, 0])
     return logits, None, out.cache.with_lengths(cache.lengths + count_B - 1)
 
   def _extend(self, params, cache: KVCache, tokens_BxW, depth: int, slots_BxW, mask_BxWxU, parent_feat_BxWxF):
@@ -138,7 +141,7 @@ class CrossVocabDrafter(ModelDrafter):
     out = decode.windowed_forward(params["model"], self.cfg, draft_tokens, pos, cache,
                                   buckets=self._buckets(cache), region_mask_BxTxU=mask_BxWxU,
                                   slots_BxT=slots_BxW)
-    return (to_target_logits(params["map"], out.logits, self.target_vocab), None,
+    return (to_target_logits(params["map"], out.logits), None,
             out.cache.with_lengths(cache.lengths))
 
   def _with_cache(self, state: CrossVocabState, cache: KVCache) -> CrossVocabState:
