@@ -4,8 +4,9 @@
 A drafter is a frozen dataclass: static and hashable (it rides in ``Engine``, a jit static argument).  Its
 parameters and its state are pytrees passed in and returned, never kept on the drafter.  Every drafter the
 registry builds satisfies ``Drafter`` (``tests/test_drafter_registry.py``): ``NoDrafter``, ``NgramDrafter``,
-``ModelDrafter`` (a draft model, or layer-skip), ``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``,
-``EagleLookupDrafter``, ``MedusaDrafter`` and ``SuffixDrafter``.
+``ModelDrafter`` (a draft model, or layer-skip), ``CrossVocabDrafter`` (a draft model of another tokenizer),
+``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``, ``EagleLookupDrafter``, ``MedusaDrafter`` and
+``SuffixDrafter``.
 
 One step, as ``engine.spec_step`` calls it:
 
@@ -26,6 +27,7 @@ import jax
 from specjax.models.kv_cache import KVCache
 from specjax.models.sampling import SamplingParams
 from specjax.models.sampling_rows import RowSampling
+from specjax.speculative.cross_vocab import CrossVocabState
 from specjax.speculative.drafters import Draft, DynamicShape
 from specjax.speculative.eagle import EagleState
 from specjax.speculative.eagle_lookup import EagleLookupState
@@ -33,12 +35,14 @@ from specjax.speculative.hybrid import HybridState
 from specjax.speculative.medusa import MedusaState
 from specjax.speculative.trees.static import StaticTree
 
-DraftState: TypeAlias = Union[tuple[()], KVCache, EagleState, HybridState, EagleLookupState, MedusaState]
+DraftState: TypeAlias = Union[tuple[()], KVCache, EagleState, HybridState, EagleLookupState, MedusaState,
+                              CrossVocabState]
 """A drafter's state between steps (a pytree; ``SpecState.draft``), as its ``init`` makes it: ``()`` for the
 drafters that keep none (``NoDrafter``, ``NgramDrafter``, ``SuffixDrafter``: they read the engine's sequence
 buffer), the draft model's own KV cache (``ModelDrafter``), ``EagleState`` (``EagleDrafter``,
 ``ParallelEagleDrafter``), ``HybridState`` (``HybridDrafter``), ``EagleLookupState`` (``EagleLookupDrafter``),
-``MedusaState`` (``MedusaDrafter``: the root's producing hidden state)."""
+``MedusaState`` (``MedusaDrafter``: the root's producing hidden state), ``CrossVocabState``
+(``CrossVocabDrafter``: a draft model of another tokenizer, its cache in its own spelling)."""
 
 DraftShape: TypeAlias = Union[StaticTree, DynamicShape]
 """The tree a step drafts: a static shape (chain, branching, paths, Sequoia) or one chosen every step."""
