@@ -217,3 +217,22 @@ def test_the_api_refuses_a_mismatched_request_in_one_line(qwen3):
   with pytest.raises(SpecjaxError, match="holds an EAGLE head: use --drafter eagle"):
     api.generate(api.load(str(llama)), ["hello"], drafter="dflash", draft=str(eagle3), k=2, **kw)
   assert dflash_io.default_layer_ids(36, 5) == [1, 9, 17, 25, 33] and dflash_io.default_layer_ids(3, 1) == [1]
+
+
+def test_the_draft_is_checked_before_any_model_loads():
+  """``api.check_draft`` (the CLI's check before loading): the depth asked against the block, a DFlash directory
+  for another kind and another directory for dflash refused in one line; the other published layouts pass."""
+  data = Path(__file__).parent / "data"
+  with pytest.raises(SpecjaxError, match=r"drafts blocks of 4 \(depth 3\); --k/--tree asks for depth 4: use --k 3"):
+    api.check_draft(api.decode_spec(drafter="dflash", k=4), str(DATA))
+  with pytest.raises(SpecjaxError, match=r"asks for depth 4"):
+    api.check_draft(api.decode_spec(drafter="dflash", tree="dynamic:8:2:4"), str(DATA))
+  api.check_draft(api.decode_spec(drafter="dflash", tree="branch:2,2,1"), str(DATA))
+  with pytest.raises(SpecjaxError, match="a DFlash drafter's directory, which --drafter dflash reads"):
+    api.check_draft(api.decode_spec(drafter="eagle", k=2), str(DATA))
+  with pytest.raises(SpecjaxError, match="not a DFlash drafter's directory"):
+    api.check_draft(api.decode_spec(drafter="dflash", k=2), str(data / "eagle3" / "specforge"))
+  with pytest.raises(SpecjaxError, match="drafter directory not found"):
+    api.check_draft(api.decode_spec(drafter="dflash", k=2), str(data / "nowhere"))
+  api.check_draft(api.decode_spec(drafter="eagle", k=2), str(data / "eagle3" / "specforge"))
+  api.check_draft(api.decode_spec(drafter="medusa", k=2), str(data / "medusa" / "k3r1"))

@@ -25,7 +25,7 @@ def test_every_kind_is_consistent():
   assert "hybrid" not in registry.TREE_NAMES and "ngram" in registry.TREE_NAMES
   with pytest.raises(SpecjaxError, match="unknown drafter 'lookahead': choose one of none, ngram"):
     registry.get("lookahead")
-  assert {k.head_layout for k in registry.KINDS.values()} == {"specjax", "medusa"}
+  assert {k.head_layout for k in registry.KINDS.values()} == {"specjax", "medusa", "dflash"}
 
 
 def test_build_gives_what_each_kind_says():

@@ -51,6 +51,19 @@ def is_dflash_dir(path) -> bool:
                            or any("DFlash" in str(a) for a in config.get("architectures") or []))
 
 
+def check_depth(path, depth: int) -> None:
+  """Refuse a chain or tree deeper than the directory's block drafts (config.json alone: before any model loads);
+  an unreadable block size is left to ``describe``."""
+  try:
+    config = read_config(path) or {}
+    bs = int(config.get("block_size", (config.get("dflash_config") or {}).get("block_size")))
+  except (TypeError, ValueError):
+    return
+  if depth > bs - 1:
+    raise SpecjaxError(f"DFlash drafter {path} drafts blocks of {bs} (depth {bs - 1}); --k/--tree asks for depth "
+                       f"{depth}: use --k {bs - 1} or a tree at most {bs - 1} deep")
+
+
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
   """SpecForge's default when the config names none: the middle layer for one draft layer, else one per draft
   layer spread evenly over target layers 1..L-3."""

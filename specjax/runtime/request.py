@@ -197,9 +197,30 @@ class DecodeSpec:
                          f"cache of {max_len} positions allows: lower --k or raise --max-len")
 
 
+def _check_head_dir(ds: DecodeSpec, draft) -> None:
+  """A head kind's ``--draft``: a published layout (DFlash, EAGLE-3, EAGLE-1/2, Medusa) recognised from its
+  config.json alone (a DFlash block checked against the depth asked), else specjax's own drafter directory
+  (its config read and checked)."""
+  from specjax.checkpoints import dflash_io, drafter_io, eagle1_io, eagle3_io, medusa_io
+  if not os.path.isdir(draft):
+    drafter_io.read_config(draft)                 # its one line: not found
+  wants_dflash = ds.kind.dflash
+  if wants_dflash != dflash_io.is_dflash_dir(draft):
+    dflash = ", ".join(n for n, k in drafter_registry.KINDS.items() if k.dflash)
+    raise SpecjaxError(f"--drafter {ds.drafter} with --draft {draft}: " + (
+        "not a DFlash drafter's directory (config.json with dflash_config)" if wants_dflash
+        else f"a DFlash drafter's directory, which --drafter {dflash} reads"))
+  if wants_dflash:
+    dflash_io.check_depth(draft, ds.choice.shape.max_depth if ds.choice is not None else ds.nodes)
+  published = (dflash_io.is_dflash_dir, eagle3_io.is_eagle3_dir, eagle1_io.is_eagle1_dir, medusa_io.is_medusa_dir)
+  if not any(is_layout(draft) for is_layout in published):
+    drafter_io.read_config(draft)
+
+
 def check_draft(ds: DecodeSpec, draft) -> None:
-  """What ``--draft`` names, checked before any model loads: only a kind that takes one; a trained drafter's
-  directory that holds one (its config read); a draft model's registry name or a path that exists."""
+  """What ``--draft`` names, checked before any model loads: only a kind that takes one; a drafter's directory
+  that holds one (a published layout, or specjax's own with its config read); a draft model's registry name or
+  a path that exists."""
   kind = ds.kind
   if not draft:
     return
@@ -207,8 +228,7 @@ def check_draft(ds: DecodeSpec, draft) -> None:
     raise SpecjaxError(f"--draft is only used with {drafter_registry.draft_flag_help()} (got --drafter "
                        f"{ds.drafter})")
   if kind.head:
-    from specjax.checkpoints import drafter_io
-    drafter_io.read_config(draft)
+    _check_head_dir(ds, draft)
   elif kind.draft_model and not hasattr(draft, "cfg"):
     from specjax.checkpoints import catalog
     if draft not in catalog.KNOWN_MODELS:

@@ -39,14 +39,19 @@ class Kind:
   stateless: bool = False       # keeps no draft cache (k = 0 may run a plain engine beside it)
   priced: bool = True           # the cost model prices its chains (a hybrid's steps mix free and model drafts)
   learns: bool = False          # its draft params are an index of finished sequences (``absorb`` them)
-  head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``; a published EAGLE or DFlash
-                                # layout loads there too) or "medusa" (published Medusa heads)
+  head_layout: str = "specjax"  # a head kind's directory: "specjax" (``specjax train``; a published EAGLE layout
+                                # loads there too), "medusa" (published Medusa heads) or "dflash" (published DFlash)
   across_tokenizers: bool = False  # its draft model may have another tokenizer (``cross_vocab``, a vocabulary map)
 
   @property
   def draft_model(self) -> bool:
     """Runs a separate draft model (its weights and KV cache count in the memory bill)."""
     return self.draft == "model"
+
+  @property
+  def dflash(self) -> bool:
+    """Reads a published DFlash drafter's directory (``--draft DIR``)."""
+    return self.head_layout == "dflash"
 
   @property
   def head(self) -> bool:
@@ -72,7 +77,7 @@ KINDS = {k.name: k for k in (
     Kind("medusa", "Medusa-1 heads (published layout) on the target's last hidden state, one per depth",
          draft="head", head_layout="medusa"),
     Kind("dflash", "a DFlash drafter (published layout): non-causal layers over a block of mask tokens, reading the "
-         "target's features; a whole block in one forward", draft="head"),
+         "target's features; a whole block in one forward", draft="head", head_layout="dflash"),
     Kind("suffix", "suffix decoding: the most frequent continuations of the longest suffix match in earlier "
          "requests and the batch", stateless=True, learns=True),
 )}
