@@ -5,8 +5,8 @@ A drafter is a frozen dataclass: static and hashable (it rides in ``Engine``, a 
 parameters and its state are pytrees passed in and returned, never kept on the drafter.  Every drafter the
 registry builds satisfies ``Drafter`` (``tests/test_drafter_registry.py``): ``NoDrafter``, ``NgramDrafter``,
 ``ModelDrafter`` (a draft model, or layer-skip), ``CrossVocabDrafter`` (a draft model of another tokenizer),
-``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``, ``EagleLookupDrafter``, ``MedusaDrafter`` and
-``SuffixDrafter``.
+``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``, ``EagleLookupDrafter``, ``MedusaDrafter``,
+``DFlashDrafter`` and ``SuffixDrafter``.
 
 One step, as ``engine.spec_step`` calls it:
 
@@ -40,9 +40,10 @@ DraftState: TypeAlias = Union[tuple[()], KVCache, EagleState, HybridState, Eagle
 """A drafter's state between steps (a pytree; ``SpecState.draft``), as its ``init`` makes it: ``()`` for the
 drafters that keep none (``NoDrafter``, ``NgramDrafter``, ``SuffixDrafter``: they read the engine's sequence
 buffer), the draft model's own KV cache (``ModelDrafter``), ``EagleState`` (``EagleDrafter``,
-``ParallelEagleDrafter``), ``HybridState`` (``HybridDrafter``), ``EagleLookupState`` (``EagleLookupDrafter``),
-``MedusaState`` (``MedusaDrafter``: the root's producing hidden state), ``CrossVocabState``
-(``CrossVocabDrafter``: a draft model of another tokenizer, its cache in its own spelling)."""
+``ParallelEagleDrafter``; ``DFlashDrafter``'s context cache), ``HybridState`` (``HybridDrafter``),
+``EagleLookupState`` (``EagleLookupDrafter``), ``MedusaState`` (``MedusaDrafter``: the root's producing hidden
+state), ``CrossVocabState`` (``CrossVocabDrafter``: a draft model of another tokenizer, its cache in its own
+spelling)."""
 
 DraftShape: TypeAlias = Union[StaticTree, DynamicShape]
 """The tree a step drafts: a static shape (chain, branching, paths, Sequoia) or one chosen every step."""
