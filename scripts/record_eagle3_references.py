@@ -21,6 +21,10 @@ Two layouts, each run in the environment that has its package (neither is a spec
                  /tmp/specref/bin/pip install --no-deps speculators==0.9.0
                  /tmp/specref/bin/python scripts/record_eagle3_references.py speculators
 
+  speculators-export  the head in tests/data/eagle3/exported, written by specjax's exporter
+               (``.venv/bin/python tests/eagle3_export_fixture.py``), read by speculators' ``from_pretrained``:
+                 /tmp/specref/bin/python scripts/record_eagle3_references.py speculators-export
+
 Recorded, float32, teacher-forced as both projects train (the input at step i is the text's token i + 1 places
 on): the draft logits over the draft vocabulary at a few positions for three steps (step 0 from the target's
 features, steps 1 and 2 feeding the layer's own output back), and their top-1 tokens as target ids.
@@ -147,6 +151,38 @@ def record_speculators() -> None:
   _save(out, None, config_dict, "speculators 0.9.0", _cases(steps, d2t), ids)
 
 
+def record_speculators_export() -> None:
+  """The head specjax's exporter wrote (tests/eagle3_export_fixture.py) read by ``speculators``'
+  ``from_pretrained``; its logits recorded beside it."""
+  import shutil
+  import tempfile
+  from speculators.models.eagle3 import Eagle3DraftModel
+  out = OUT / "exported"
+  base, ids = family_target("gemma3")
+  config = json.loads((out / "config.json").read_text())
+  tmp = Path(tempfile.mkdtemp())         # the package reads its verifier's config: the target, saved beside it
+  base.save_pretrained(tmp / "target")
+  shutil.copytree(out, tmp / "drafter")
+  (tmp / "drafter" / "config.json").write_text(json.dumps(
+      {**config,      # (eager attention: flex attention's block masks assume GPU-sized blocks)
+       "transformer_layer_config": {**config["transformer_layer_config"], "attn_implementation": "eager"},
+       "speculators_config": {**config["speculators_config"],
+                                        "verifier": {"name_or_path": str(tmp / "target"),
+                                                     "architectures": ["Gemma3ForCausalLM"]}}}))
+  drafter = Eagle3DraftModel.from_pretrained(tmp / "drafter").eval()
+  x = torch.tensor([ids])
+  steps = []
+  hook = drafter.lm_head.register_forward_hook(lambda m, i, o: steps.append(o.detach().clone()))
+  with torch.no_grad():
+    hs = base(input_ids=x, output_hidden_states=True).hidden_states
+    aux = torch.cat([hs[i] for i in config["eagle_aux_hidden_state_layer_ids"]], -1)
+    n = x.shape[1] - 1
+    drafter(hidden_states=aux[:, :n], input_ids=x[:, 1:n + 1], document_ids=torch.zeros(1, n, dtype=torch.long),
+            ttt_steps=STEPS)
+  hook.remove()
+  _save(out, None, config, "speculators 0.9.0 (reading specjax's export)", _cases(steps, drafter.d2t), ids)
+
+
 def _save(out: Path, drafter, config: dict, package: str, cases: list[dict], ids) -> None:
   out.mkdir(parents=True, exist_ok=True)
   if drafter is not None:
@@ -160,4 +196,5 @@ def _save(out: Path, drafter, config: dict, package: str, cases: list[dict], ids
 
 
 if __name__ == "__main__":
-  {"specforge": record_specforge, "speculators": record_speculators}[sys.argv[1]]()
+  {"specforge": record_specforge, "speculators": record_speculators,
+   "speculators-export": record_speculators_export}[sys.argv[1]]()

@@ -39,8 +39,9 @@ def test_logits_equal_the_eagle_package(llama):
   lcfg = ecfg.layer_cfg
   for case in json.loads((DATA / "reference.json").read_text())["cases"]:
     n = case["prefix"]
-    toks, pos = ids[:, 1:n], jnp.arange(1, n)[None]          # token x_t at position t with the feature g_{t-1}
-    x = eagle.input_proj(dp, toks, feats[:, :n - 1])
+    # token x_t at slot and position t with the feature g_{t-1} (g_{-1} = 0: x_0 is seen by itself only)
+    toks, pos = ids[:, :n], jnp.arange(n)[None]
+    x = eagle.input_proj(dp, toks, eagle.previous_features(feats)[:, :n])
     out = M.forward(dp, lcfg, toks, pos, init_cache(lcfg, 1, n + 4), inputs_embeds_BxTxD=x)
     np.testing.assert_allclose(out.logits[0, -1], case["depth1_logits"], atol=1e-4, rtol=0)
     token = int(jnp.argmax(out.logits[0, -1]))

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from specjax.speculative import eagle
 from test_families import write_family
 
 DATA = Path(__file__).parent / "data" / "eagle3"
-TARGET = {"specforge": "llama", "speculators": "gemma3"}
+# specforge and speculators: written by those packages; exported: written by specjax's exporter and read by
+# speculators (tests/eagle3_export_fixture.py).
+TARGET = {"specforge": "llama", "speculators": "gemma3", "exported": "gemma3"}
 
 
 @pytest.fixture(scope="module", params=sorted(TARGET))
@@ -46,7 +49,8 @@ def test_logits_equal_the_reference_implementation(pair):
   ref = json.loads((DATA / layout / "reference.json").read_text())
   cfg, params, tok = load_hf_dir(d)
   ecfg, dp, config = drafter_io.load_drafter(DATA / layout, cfg, params, tok)
-  assert ecfg.layout == "eagle3" and config["layout"] == f"eagle3-{layout}" and ecfg.reduced
+  assert ecfg.layout == "eagle3" and ecfg.reduced
+  assert config["layout"] == f"eagle3-{'specforge' if layout == 'specforge' else 'speculators'}"
   ids = jnp.asarray([ref["token_ids"]])
   T = ids.shape[1]
   feats = M.forward(params, cfg, ids, jnp.arange(T)[None], init_cache(cfg, 1, T),
@@ -55,14 +59,35 @@ def test_logits_equal_the_reference_implementation(pair):
   head_ids = np.asarray(dp["head_ids"])
   for case in ref["cases"]:
     q = case["t"] + 1                      # the root: token x_q at position q with the target feature g_{q-1}
-    logits, fed, cache = _step(dp, ecfg, ids[:, 1:q + 1], jnp.arange(1, q + 1)[None], g_all[:, :q],
-                               init_cache(ecfg.layer_cfg, 1, T + 4))
+    # as the engine feeds a prompt: every x_t at slot t with g_{t-1} (g_{-1} = 0); x_0 is seen by itself only
+    logits, fed, cache = _step(dp, ecfg, ids[:, :q + 1], jnp.arange(q + 1)[None],
+                               eagle.previous_features(g_all)[:, :q + 1], init_cache(ecfg.layer_cfg, 1, T + 4))
     for depth in range(ref["steps"]):
       if depth:                            # the text's next token, fed with the drafter's own feature
         logits, fed, cache = _step(dp, ecfg, ids[:, q + depth:q + depth + 1], jnp.asarray([[q + depth]]), fed,
                                    cache)
       np.testing.assert_allclose(logits, case["logits"][depth], atol=1e-4, rtol=0, err_msg=f"{layout} {q} {depth}")
       assert int(head_ids[int(jnp.argmax(logits))]) == case["top1_target"][depth]
+
+
+def test_training_forward_equals_the_reference_implementation(pair):
+  """specjax's training-time-test forward (``eagle_train.train_forward``, unroll 3) gives each step the
+  reference's logits: row t + 1 + i at step i is the depth-i node anchored at t + 1."""
+  from specjax.training import eagle_train
+  layout, d = pair
+  ref = json.loads((DATA / layout / "reference.json").read_text())
+  cfg, params, tok = load_hf_dir(d)
+  ecfg, dp, _ = drafter_io.load_drafter(DATA / layout, cfg, params, tok)
+  ids = jnp.asarray([ref["token_ids"]])
+  T = ids.shape[1]
+  feats = M.forward(params, cfg, ids, jnp.arange(T)[None], init_cache(cfg, 1, T),
+                    feature_layers=ecfg.feature_layers).features
+  batch = {"tokens": ids, "pos": jnp.arange(T)[None], "seg": jnp.ones((1, T), jnp.int32), "feats": feats}
+  logits_S, _ = eagle_train.train_forward(dp, ecfg, batch, unroll=ref["steps"])
+  for case in ref["cases"]:
+    for i in range(ref["steps"]):
+      np.testing.assert_allclose(logits_S[i, 0, case["t"] + 1 + i], case["logits"][i], atol=1e-4, rtol=0,
+                                 err_msg=f"{layout} t={case['t']} step {i}")
 
 
 def test_greedy_eagle3_equals_plain_greedy(pair):
@@ -122,7 +147,7 @@ def _edited(tmp_path, layout, name, edit=None, weights=None):
 def test_bad_eagle3_directories_are_refused_in_one_line(pair, tmp_path):
   layout, d = pair
   cfg, params, tok = load_hf_dir(d)
-  spec = layout == "speculators"
+  spec = layout != "specforge"
   layer = (lambda c, **kw: {**c, "transformer_layer_config": {**c["transformer_layer_config"], **kw}}) if spec \
       else (lambda c, **kw: {**c, **kw})
   ids_key = "eagle_aux_hidden_state_layer_ids"
@@ -147,4 +172,29 @@ def test_bad_eagle3_directories_are_refused_in_one_line(pair, tmp_path):
   (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02")
   with pytest.raises(SpecjaxError, match="pickled torch file.*save_file"):
     drafter_io.load_drafter(pickled, cfg, params, tok)
-  assert eagle3_io.describe(DATA / layout, cfg).taps == ((1, 0, 1) if not spec else (1, 2, 3))
+  taps = {"specforge": (1, 0, 1), "speculators": (1, 2, 3), "exported": (0, 2, 4)}[layout]
+  assert eagle3_io.describe(DATA / layout, cfg).taps == taps
+
+
+def test_export_writes_what_speculators_read_and_round_trips(tmp_path):
+  """The exporter still writes the fixture speculators read (the same tensors and config), and every layout
+  exports and loads back with the same parameters."""
+  from safetensors.numpy import load_file
+  from eagle3_export_fixture import write
+  from specjax.checkpoints import speculators_io
+  d, _ = write_family(tmp_path, "gemma3")
+  out = write(tmp_path / "again", d)
+  old, new = load_file(str(DATA / "exported" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+  assert sorted(old) == sorted(new) and all(np.array_equal(old[k], new[k]) for k in old)
+  assert json.loads((out / "config.json").read_text()) == json.loads((DATA / "exported" / "config.json").read_text())
+  for layout in ("speculators", "exported"):
+    cfg, params, tok = load_hf_dir(d)
+    ecfg, dp, _ = drafter_io.load_drafter(DATA / layout, cfg, params, tok)
+    back = speculators_io.save_speculators(tmp_path / f"{layout}-back", ecfg, dp)
+    ecfg2, dp2, _ = drafter_io.load_drafter(back, cfg, params, tok)
+    assert ecfg2 == ecfg
+    flat, flat2 = jax.tree_util.tree_leaves_with_path(dp), dict(jax.tree_util.tree_leaves_with_path(dp2))
+    assert all(np.array_equal(v, flat2[k]) for k, v in flat), layout
+  own = eagle.EagleConfig(cfg, (0, 2), 0)
+  with pytest.raises(SpecjaxError, match="only an EAGLE-3 head has a speculators equivalent"):
+    speculators_io.save_speculators(tmp_path / "own", own, {})

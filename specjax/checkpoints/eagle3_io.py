@@ -67,8 +67,9 @@ def layout_of(config: dict | None) -> str | None:
     return None
   if config.get("speculators_model_type") == "eagle3":
     return "speculators"
-  archs = " ".join(config.get("architectures") or [])
-  if "draft_vocab_size" in config and ("Eagle3" in archs or "eagle_config" in config or "hidden_size" in config):
+  archs = " ".join(config.get("architectures") or []).lower()
+  if "specjax_drafter" not in config and "draft_vocab_size" in config and ("eagle3" in archs
+                                                                          or "eagle_config" in config):
     return "specforge"
   return None
 

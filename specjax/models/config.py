@@ -76,6 +76,9 @@ class ModelConfig:
   # attention, none before the head).
   input_norm: bool = True     # RMSNorm before each layer's attention (attn_norm)
   final_norm: bool = True     # RMSNorm before the head (final_norm)
+  # Published EAGLE drafters never see a sequence's first token (their input pairs token t with the target's
+  # feature of t - 1): a query at position p >= first_slot attends to no slot before first_slot.
+  first_slot: int = 0
   # Not the model but where it runs: the kernels its ops take here (``kernels.dispatch.Backends``), resolved
   # when it is loaded or put on a mesh; None for a config built by hand (resolved when traced).  Static like
   # the rest, so a forward compiled for one set of backends is never reused for another.

@@ -219,10 +219,16 @@ def _window(ctx: _LayerContext, layer) -> int | jax.Array:
 
 def _first_visible(ctx: _LayerContext, W) -> jax.Array | None:
   """lo [B, T]: the first slot each new query may see under window W (committed slot j holds position j, so
-  the last W positions up to the query's own are the slots > position - W); None when the layer is global."""
+  the last W positions up to the query's own are the slots > position - W), and from ``cfg.first_slot`` on;
+  None when neither applies."""
   if isinstance(W, int):
-    return None if W == 0 else ctx.positions_BxT - (W - 1)
-  return jnp.where(W > 0, ctx.positions_BxT - (W - 1), 0)
+    lo = None if W == 0 else ctx.positions_BxT - (W - 1)
+  else:
+    lo = jnp.where(W > 0, ctx.positions_BxT - (W - 1), 0)
+  if ctx.cfg.first_slot:              # a published EAGLE drafter: slot 0 unseen but by the first token itself
+    first = jnp.minimum(ctx.cfg.first_slot, ctx.positions_BxT)
+    lo = first if lo is None else jnp.maximum(lo, first)
+  return lo
 
 
 def _attend_cache(ctx: _LayerContext, q_BxTxHxE, k_all_LxBxSxKxE, v_all_LxBxSxKxE, layer) -> jax.Array:

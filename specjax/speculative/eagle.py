@@ -106,6 +106,8 @@ class EagleConfig:
     kind += f"-par{self.parallel}" if self.parallel else ""
     cfg = self.target.as_llama(name=f"{self.target.name}-eagle-{kind}-v{self.head_size}", num_layers=1,
                                vocab_size=self.head_size, tie_embeddings=False)
+    if self.layout != "specjax":    # published drafters start at the pair (feature 0, token 1)
+      cfg = cfg.replace(first_slot=1)
     if self.layout == "eagle1":
       cfg = cfg.replace(name=cfg.name + "-eagle1", input_norm=False, final_norm=False, rope_theta=10000.0,
                         rope_scaling=None)

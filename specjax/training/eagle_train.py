@@ -248,40 +248,30 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
   cos, sin = rope.rope_tables(cfg, pos)
   t_idx = jnp.arange(T)
   same_seg = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)        # [B, T(query), T(key)]
-  feats = batch["feats"].astype(jnp.float32)
-  if ecfg.fused and dt != jnp.float32:     # eagle.target_feature with its fuse product in dt
-    g = _dot("btf,df->btd", eagle.normalized_taps(ecfg, feats), params["fuse"], dt)
-  else:
-    g = eagle.target_feature(params, ecfg, feats)
-  g = _shift_prev(g, seg)
+  # cfg.first_slot (published EAGLE layouts): a sequence's first tokens are seen only by themselves
+  seen = pos[:, None, :] >= jnp.minimum(cfg.first_slot, pos[:, :, None])
+  g = _shift_prev(_first_feature(params, ecfg, batch["feats"].astype(jnp.float32), dt), seg)
   keys, values, logits_all, hidden_all = [], [], [], []
   if ecfg.parallel and unroll != ecfg.parallel:
     raise ValueError(f"a parallel drafter of K={ecfg.parallel} trains with unroll = K, got {unroll}")
   for s in range(1, unroll + 1):
-    if ecfg.parallel and s > 1:
-      # Parallel drafting: the s-th draft position reads a learned placeholder, not a token and a feature
-      # (row t = the placeholder at t for the anchor t - s + 1; its keys are the anchor's context and the
-      # anchor's earlier placeholders: the same diagonal mask as the training-time test).
-      x = jnp.broadcast_to(params["placeholders"][s - 2].astype(jnp.float32), (B, T, cfg.d_model))
-    elif dt == jnp.float32:
-      x = eagle.input_proj(params, tokens, g)
-    else:
-      e = quant.embed_rows(params["embed"], tokens, jnp.float32)
-      x = _dot("btf,df->btd", jnp.concatenate([e, g], axis=-1), params["fc"], dt)
-    h = model_lib.rms_norm(x, lp["attn_norm"], cfg.norm_eps)
+    x, h = _layer_input(params, ecfg, lp, tokens, g, s, dt)
     qkv = _dot("btd,nd->btn", h, lp["w_qkv"], dt)
     if "b_qkv" in lp:              # Qwen2's q/k/v biases (the engine's layer adds them too)
       qkv = qkv + lp["b_qkv"]
     q, k, v = jnp.split(qkv, [H * E, (H + K) * E], axis=-1)
-    q = rope.apply_rope(q.reshape(B, T, K, G, E).reshape(B, T, H, E), cos, sin).reshape(B, T, K, G, E)
-    k = rope.apply_rope(k.reshape(B, T, K, E), cos, sin)
+    q, k = q.reshape(B, T, H, E), k.reshape(B, T, K, E)
+    if cfg.qk_norm:                # a published drafter's Qwen3 layer
+      q, k = model_lib.rms_norm(q, lp["q_norm"], cfg.norm_eps), model_lib.rms_norm(k, lp["k_norm"], cfg.norm_eps)
+    q = rope.apply_rope(q, cos, sin).reshape(B, T, K, G, E)
+    k = rope.apply_rope(k, cos, sin)
     v = v.reshape(B, T, K, E)
     keys.append(k)
     values.append(v)
     scale = 1.0 / math.sqrt(E)
     # step-1 keys: positions u <= t - s + 1 of the same sequence
     s1 = jnp.einsum("btkge,buke->bkgtu", q, keys[0]) * scale
-    ok1 = same_seg & (t_idx[None, None, :] <= t_idx[None, :, None] - (s - 1))
+    ok1 = same_seg & (t_idx[None, None, :] <= t_idx[None, :, None] - (s - 1)) & seen
     s1 = jnp.where(ok1[:, None, None], s1, attention.MASK_VALUE)
     # diagonal keys: step m at position t - s + m, m = 2..s
     diag_s, diag_v = [], []
@@ -301,17 +291,48 @@ def train_forward(params, ecfg: eagle.EagleConfig, batch, unroll: int = 1, matmu
     h = model_lib.rms_norm(x, lp["mlp_norm"], cfg.norm_eps)
     gate, up = jnp.split(_dot("btd,nd->btn", h, lp["w_gate_up"], dt), 2, axis=-1)
     x = x + _dot("btf,df->btd", jax.nn.silu(gate) * up, lp["w_down"], dt)
-    hidden = model_lib.rms_norm(x, params["final_norm"], cfg.norm_eps)
+    hidden = model_lib.rms_norm(x, params["final_norm"], cfg.norm_eps) if cfg.final_norm else x
     logits_all.append(_dot("btd,vd->btv", hidden, params["lm_head"], dt))
     hidden_all.append(hidden)
-    g = _shift_prev(hidden, seg)          # the next step reads the drafter's own output at t - 1
+    # the next step reads the drafter's own output at t - 1 (EAGLE-3: before the final norm)
+    g = _shift_prev(x if ecfg.feeds_prenorm else hidden, seg)
   return jnp.stack(logits_all), jnp.stack(hidden_all)
+
+
+def _first_feature(params, ecfg: eagle.EagleConfig, feats_BxTxF, dt):
+  """``eagle.target_feature`` (with specjax's fused head, its fuse product in ``dt``)."""
+  if ecfg.fused and ecfg.layout != "eagle3" and dt != jnp.float32:
+    return _dot("btf,df->btd", eagle.normalized_taps(ecfg, feats_BxTxF), params["fuse"], dt)
+  return eagle.target_feature(params, ecfg, feats_BxTxF)
+
+
+def _layer_input(params, ecfg: eagle.EagleConfig, lp, tokens_BxT, g_BxTxM, s: int, dt):
+  """Step s's residual input x [B,T,M] and what its q/k/v read: norm(x), or EAGLE-3's [normed embedding ;
+  normed feature] [B,T,2M]."""
+  cfg = ecfg.layer_cfg
+  B, T = tokens_BxT.shape
+  if ecfg.parallel and s > 1:
+    # Parallel drafting: the s-th draft position reads a learned placeholder, not a token and a feature
+    # (row t = the placeholder at t for the anchor t - s + 1; its keys are the anchor's context and the
+    # anchor's earlier placeholders: the same diagonal mask as the training-time test).
+    x = jnp.broadcast_to(params["placeholders"][s - 2].astype(jnp.float32), (B, T, cfg.d_model))
+  elif ecfg.layout == "eagle3":
+    x, prefix = eagle.layer_inputs(params, ecfg, tokens_BxT, g_BxTxM)
+    h = model_lib.rms_norm(x, lp["attn_norm"], cfg.norm_eps) if cfg.input_norm else x
+    return x, jnp.concatenate([prefix, h], axis=-1)
+  elif dt == jnp.float32:
+    x = eagle.input_proj(params, tokens_BxT, g_BxTxM)
+  else:
+    e = quant.embed_rows(params["embed"], tokens_BxT, jnp.float32)
+    x = _dot("btf,df->btd", jnp.concatenate([e, g_BxTxM], axis=-1), params["fc"], dt)
+  return x, model_lib.rms_norm(x, lp["attn_norm"], cfg.norm_eps)
 
 
 def target_logits(frozen, final_BxTxD, matmul_dtype=jnp.float32):
   """The target's logits over the drafter's vocabulary (its head rows) from its stored final hidden states;
   softmax over them = the target's distribution restricted to that vocabulary."""
-  return _dot("btd,vd->btv", final_BxTxD.astype(jnp.float32), frozen["lm_head"], jnp.dtype(matmul_dtype))
+  head = frozen["target_head"] if "target_head" in frozen else frozen["lm_head"]   # EAGLE-3 trains its own head
+  return _dot("btd,vd->btv", final_BxTxD.astype(jnp.float32), head, jnp.dtype(matmul_dtype))
 
 
 def loss_fn(trainable, frozen, ecfg: eagle.EagleConfig, lcfg: LossConfig, batch, t2d=None):
