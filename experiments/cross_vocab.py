@@ -26,7 +26,7 @@ def _row(prompt_set: str, label: str, r: dict, vm, outputs) -> dict:
          "verify_ms": round(r["verify_ms"], 1), "outputs_identical": f"{r['outputs_identical']}/{r['outputs_compared']}",
          "acceptance_by_position": [round(a, 3) for a in r["acceptance_by_position"]]}
   if vm is not None:
-    row.update(mapped_tokens=vm.mapped, target_share=round(vm.target_share, 4), draft_share=round(vm.draft_share, 4),
+    row.update(width=vm.width, mapped_tokens=vm.mapped, target_share=round(vm.target_share, 4), draft_share=round(vm.draft_share, 4),
                output_share=_output_share(outputs, vm.target_ids))
   return row
 
@@ -35,8 +35,9 @@ def cross_vocab(model: str = "qwen2.5-coder-1.5b", prompt_sets=(), drafts=(), k:
                 max_new_tokens: int = 128, max_len: int = 1024, weights: str = "auto", repeats: int = 1,
                 log=print) -> dict:
   """``prompt_sets``: dicts {"name", "prompts" (a file by path), and optionally "categories", "per_category",
-  "limit"}, each its own paired run.  ``drafts``: dicts {"label", "draft" (a model name or path)}, each a
-  chain of ``k`` through ``--drafter model`` (across tokenizers where its tokenizer is another); prompt lookup
+  "limit"}, each its own paired run.  ``drafts``: dicts {"label", "draft" (a model name or path), and
+  optionally "width" (a draft of another tokenizer: draft tokens each target token is read as)}, each a chain
+  of ``k`` through ``--drafter model`` (across tokenizers where its tokenizer is another); prompt lookup
   (chain of ``ngram_k``) runs beside them."""
   if not prompt_sets or not drafts:
     raise SpecjaxError("cross_vocab needs prompt_sets and drafts (see configs/cross_vocab.gin)")
@@ -48,10 +49,13 @@ def cross_vocab(model: str = "qwen2.5-coder-1.5b", prompt_sets=(), drafts=(), k:
       m, _, batches = setup(model, chosen, 1, max_new_tokens, max_len, weights=weights, log=log)
     else:
       batches = bench.make_batches(m, chosen, 1, max_new_tokens, max_len)
-    for d in drafts:
-      if d["draft"] not in loaded:
-        loaded[d["draft"]] = api.load(d["draft"], dtype=str(m.dtype), weights=weights)
-    specs = [{"drafter": "model", "k": k, "draft": loaded[d["draft"]]} for d in drafts]
+    for d in drafts:           # a draft read at another width is a model of its own (its own map)
+      key = (d["draft"], d.get("width"))
+      if key not in loaded:
+        loaded[key] = api.load(d["draft"], dtype=str(m.dtype), weights=weights)
+        if d.get("width") is not None:
+          api.vocabulary_map(m, loaded[key], api.drafter_registry.get("model"), width=d["width"])
+    specs = [{"drafter": "model", "k": k, "draft": loaded[d["draft"], d.get("width")]} for d in drafts]
     specs.append({"drafter": "ngram", "k": ngram_k})
     labels = [d["label"] for d in drafts] + [f"n-gram k={ngram_k}"]
     log(f"[cross_vocab] {ps['name']}: {len(chosen)} prompts, {len(specs)} methods paired with plain decoding")
@@ -59,7 +63,7 @@ def cross_vocab(model: str = "qwen2.5-coder-1.5b", prompt_sets=(), drafts=(), k:
                                 eos_ids=tuple(m.tokenizer.eos_token_ids), repeats=repeats, log=log)
     plain_outputs = ar["outputs"][0]
     for label, d, r in zip(labels, list(drafts) + [None], results):
-      draft = loaded[d["draft"]] if d is not None else None
+      draft = loaded[d["draft"], d.get("width")] if d is not None else None
       vm = None if draft is None else api.vocabulary_map(m, draft, api.drafter_registry.get("model"))
       rows.append(_row(ps["name"], label, r, vm, plain_outputs))
     log(f"[cross_vocab] {ps['name']}: plain {ar['ar_tokens_per_s']:.2f} tok/s")

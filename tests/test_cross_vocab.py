@@ -14,6 +14,7 @@ from specjax.checkpoints import gguf_vocab, vocab_map
 from specjax.checkpoints.tokenizer import Tokenizer
 from specjax.models import config, decoder as model, kv_cache, sampling
 from specjax.speculative import Engine, ModelDrafter, NoDrafter, SpeculativeSampling, cross_vocab, generate
+from specjax.speculative.protocol import Drafter
 from specjax.speculative.drafters import DynamicShape
 from specjax.speculative.trees import specs as tree_shapes
 from tests.helpers import TOKENS, gguf_tokenizer
@@ -72,6 +73,8 @@ def test_the_map_reads_tokens_as_bytes_across_spellings():
   assert t("<|endoftext|>") not in vm.target_ids             # a special the draft does not have: read as text
   assert pieces("<|endoftext|>") == ["<0x3C>", "<0x7C>"]    # "<|", byte pieces (no normal piece has them)
   assert "drafting across tokenizers" in vm.summary("t", "d") and vm.to_dict()["mapped_tokens"] == vm.mapped
+  narrow = vocab_map.build(TARGET_TOK, PARTIAL, width=1)      # each target token read as its first piece only
+  assert narrow.width == 1 and narrow.pieces_VxW[t("hello"), 0] == PARTIAL.token_to_id("he")
 
 
 def _translated(target, vm, seed: int, scale: float = 0.3):
@@ -116,6 +119,8 @@ def test_greedy_output_equals_plain_greedy(target, shape):
     vm = vocab_map.build(TARGET_TOK, draft_tok)
     dcfg = CFG.replace(name=f"xv-draft{seed}", vocab_size=vm.draft_vocab)
     drafter, dparams = cross_vocab.build(dcfg, _translated(target, vm, seed), vm, CFG, BUCKETS)
+    assert isinstance(drafter, Drafter)
+    hash(drafter)                                            # a jit static argument (through Engine)
     out, stats = _run(target, drafter, dparams, SHAPES[shape], PROMPTS, LENS, max_new)
     assert out == base, (shape, dcfg.name)
     accepted, drafted = int(stats.accepted_B.sum()), int(stats.drafted_B.sum())

@@ -70,25 +70,28 @@ def build_drafter(m: Model, ds: DecodeSpec, *, max_len: int, draft: "Model | str
   return d_obj, d_params, k
 
 
-def vocabulary_map(m: Model, draft: Model, kind, log=say):
+def vocabulary_map(m: Model, draft: Model, kind, log=say, width: int | None = None):
   """None when ``draft`` shares the target's tokenizer; else the map between their vocabularies
-  (``checkpoints/vocab_map.py``), made once per pair and kept with the target, its mapped share said in one line.
-  Refused in one line for a kind that cannot draft across tokenizers, or a pair that shares too little."""
+  (``checkpoints/vocab_map.py``), made once per pair and kept with the draft, its mapped share said in one line.
+  ``width``: draft tokens a target token is read as (default ``vocab_map.DEFAULT_WIDTH``; another width makes
+  the pair's map again).  Refused in one line for a kind that cannot draft across tokenizers, or a pair that
+  shares too little."""
   if same_tokenizer(m, draft):
     return None
   if not kind.across_tokenizers:
     across = ", ".join(n for n, k in drafter_registry.KINDS.items() if k.across_tokenizers)
     check_same_vocabulary(m, draft, f" (--drafter {kind.name} reads the target's tokens; --drafter {across} "
                                     "drafts across tokenizers)")
-  key = ("vocab-map", draft.source, draft.cfg.vocab_size)
-  if key not in m.companions:
-    from specjax.checkpoints import vocab_map
+  from specjax.checkpoints import vocab_map
+  key = ("vocab-map", m.source, m.cfg.vocab_size)
+  kept = draft.companions.get(key)
+  if kept is None or (width is not None and kept.width != width):
     vm = vocab_map.build(m.tokenizer, draft.tokenizer, target_vocab=m.cfg.vocab_size,
-                         draft_vocab=draft.cfg.vocab_size)
+                         draft_vocab=draft.cfg.vocab_size, width=width or vocab_map.DEFAULT_WIDTH)
     check_vocab_map(vm, m, draft)
-    log(vm.summary(m.source, draft.source))
-    m.companions[key] = vm
-  return m.companions[key]
+    log(vm.summary(m.source, draft.source) + (f" (read as {vm.width} tokens at most)" if width else ""))
+    draft.companions[key] = vm
+  return draft.companions[key]
 
 
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
