@@ -6,8 +6,8 @@ Two layouts, each run in the environment that has its package (neither is a spec
   specforge    SpecForge's ``LlamaForCausalLMEagle3`` (``midlayer.*``, ``d2t``/``t2d``, its ``eagle_config``),
                the layout of the original EAGLE-3 release and of AngelSlim.  Target: the tiny Llama of
                tests/data/hf_families/llama (3 layers); capture layers given in the config, [1, 0, 1] (each the
-               output of that layer, as SpecForge's SGLang capture reads them; repeats allowed, the last layer
-               not: transformers' last hidden state is after the final norm); a draft vocabulary of 96
+               output of that layer, as SpecForge's SGLang capture reads them; repeats allowed; the last
+               layer avoided: transformers' last hidden state is after the final norm, SGLang's before); a draft vocabulary of 96
                tokens; its own embedding (not the target's); its own MLP width.
                  /tmp/hfref/bin/pip install --no-deps specforge==0.2.0      # beside torch, transformers 5.25
                  TORCHDYNAMO_DISABLE=1 /tmp/hfref/bin/python scripts/record_eagle3_references.py specforge

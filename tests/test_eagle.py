@@ -32,6 +32,13 @@ VARIANTS = {"final": ((), 0), "fused": ((0, 2), 0), "reduced": ((), 16)}
 
 def _drafter_params(ecfg, target, seed=1, noise=0.05):
   head_ids = np.arange(ecfg.head_size) * 3 % ecfg.target.vocab_size if ecfg.reduced else None
+  if ecfg.layout == "eagle3":       # the published architecture (its own head; the target's embedding)
+    tr = eagle.init_eagle3(ecfg, jax.random.PRNGKey(seed), head_ids)
+    ids = tr.pop("head_ids", None)
+    leaves, tdef = jax.tree_util.tree_flatten(tr)
+    keys = jax.random.split(jax.random.PRNGKey(seed + 100), len(leaves))
+    tr = jax.tree_util.tree_unflatten(tdef, [x + noise * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    return tr, {**tr, "embed": target["embed"], **({"head_ids": ids} if ids is not None else {})}
   tr = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed))
   leaves, tdef = jax.tree_util.tree_flatten(tr)
   keys = jax.random.split(jax.random.PRNGKey(seed + 100), len(leaves))

@@ -155,7 +155,7 @@ def test_bad_eagle3_directories_are_refused_in_one_line(pair, tmp_path):
       (lambda c: layer(c, hidden_size=128), None, "hidden_size=128, the target .* has 64"),
       (lambda c: layer(c, vocab_size=300), None, "vocab_size=300, the target .* has 270"),
       (lambda c: layer(c, num_hidden_layers=2), None, "2 layers; specjax reads one-layer"),
-      (lambda c: {**c, ids_key: [1, 2, 9]} if spec else {**c, "eagle_config": {ids_key: [0, 1, 2]}}, None,
+      (lambda c: {**c, ids_key: [1, 2, 9]} if spec else {**c, "eagle_config": {ids_key: [0, 1, 3]}}, None,
        "capture layers .* do not fit the target"),
       (None, lambda t: {k: v for k, v in t.items() if k != "d2t"}, "lacks 'd2t': a reduced draft vocabulary"),
       (None, lambda t: {**t, "fc.weight": t["fc.weight"][:, :128]}, "'fc.weight' has shape"),
@@ -198,3 +198,45 @@ def test_export_writes_what_speculators_read_and_round_trips(tmp_path):
   own = eagle.EagleConfig(cfg, (0, 2), 0)
   with pytest.raises(SpecjaxError, match="only an EAGLE-3 head has a speculators equivalent"):
     speculators_io.save_speculators(tmp_path / "own", own, {})
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_engine_drafting_equals_the_eagle3_training_forward(norm_before_residual):
+  """The engine's root, depths 1 and 2 and its root after a commit give the training forward's logits at
+  unroll steps 1-3 for the EAGLE-3 architecture (so training optimises what the engine runs)."""
+  import test_eagle as te
+  from specjax.models import decoder as model
+  target = model.init_params(te.CFG, jax.random.PRNGKey(0))
+  te._engine_equals_training(te.CFG, target, eagle.EagleConfig(te.CFG, (0, 1), 16, layout="eagle3",
+                                                                norm_before_residual=norm_before_residual))
+
+
+def test_eagle3_training_exports_to_speculators_and_drafts_exactly(tmp_path):
+  """``train_eagle_on(architecture="eagle3")`` on the tiny store: the loss falls, the head exports in the
+  speculators layout, loads back through ``load_drafter`` and drafts greedy-exactly in the engine."""
+  import test_eagle as te
+  from specjax.checkpoints import speculators_io
+  from specjax.models import decoder as model
+  from specjax.speculative import NoDrafter
+  from specjax.speculative.trees import specs as tree_shapes
+  from specjax.training import recipes
+  target = model.init_params(te.CFG, jax.random.PRNGKey(0))
+  data = te.make_store(tmp_path, target, n=12)
+  with pytest.raises(SpecjaxError, match="reads fused features"):
+    recipes.train_eagle_on(target, te.CFG, data_dir=data, run_dir=tmp_path / "bad", architecture="eagle3")
+  out = recipes.train_eagle_on(target, te.CFG, data_dir=data, run_dir=tmp_path / "run", steps=10, batch_size=2,
+                               seq_len=64, learning_rate=3e-3, warmup_steps=2, log_every=1, unroll=2,
+                               progress=False, features="fused", fused_layers=(0, 2), reduced_vocab=24,
+                               architecture="eagle3")
+  losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert losses[-1] < losses[0]
+  ecfg = out["ecfg"]
+  params = {**jax.device_get(out["params"]), **out["frozen"]}
+  d = speculators_io.save_speculators(tmp_path / "drafter", ecfg, params)
+  ecfg2, dp, config = drafter_io.load_drafter(d, te.CFG, target, None)
+  assert ecfg2.feature_layers == (0, 2) and ecfg2.head_size == 24 and config["eagle_aux_hidden_state_layer_ids"] == [1, 3]
+  plain, _ = te._run(target, NoDrafter(), (), tree_shapes.chain(0))
+  for shape in (tree_shapes.chain(3), tree_shapes.branching([2, 2])):
+    got, _ = te._run(target, eagle.EagleDrafter(ecfg2.layer_cfg, ecfg=ecfg2, max_depth=3, buckets=te.BUCKETS),
+                     dp, shape)
+    assert got == plain

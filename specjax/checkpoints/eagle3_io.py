@@ -84,9 +84,10 @@ def _taps(path: Path, layout: str, ids, L: int, target_name: str) -> tuple[int, 
     return (1, L // 2 - 1, L - 4)
   ids = [int(i) for i in ids]
   taps = [i - 1 for i in ids] if layout == "speculators" else ids
-  if any(not 0 <= t < L - 1 for t in taps):
-    # The last layer is left out: transformers' last hidden state is after the final norm, SGLang's before.
-    rng = f"1..{L - 1}" if layout == "speculators" else f"0..{L - 2}"
+  if any(not 0 <= t < L for t in taps):
+    # (the last layer's capture is its output before the final norm, as SGLang and vLLM take it; transformers'
+    # hidden_states[L] is after the norm)
+    rng = f"1..{L}" if layout == "speculators" else f"0..{L - 1}"
     raise SpecjaxError(f"EAGLE-3 drafter {path}: capture layers {ids} do not fit the target {target_name} "
                        f"({L} layers; {layout} ids in {rng}): a drafter for another target")
   return tuple(taps)

@@ -107,18 +107,23 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
                          f"{ecfg0.head_size}-token head (parallel {ecfg0.parallel}); the settings ask for "
                          f"{list(want[0])}, reduced_vocab {want[1]} and parallel {want[2]}: make them match the "
                          "drafter")
-    init = ({k: v for k, v in params0.items() if k not in ("embed", "lm_head", "head_ids")},
+    frozen = ("embed", "head_ids", "target_head") + (("lm_head",) if ecfg0.layout != "eagle3" else ())
+    init = ({k: v for k, v in params0.items() if k not in frozen},
             None if "head_ids" not in params0 else np.asarray(params0["head_ids"]))
     _log(f"starting from the drafter in {init_from}")
   res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=run, resume=resume, features=features,
                        fused_layers=fused, model_name=model, mesh=m.mesh, init=init, **train_kw)
   ecfg, store = res["ecfg"], res["store"]
   params = jax.device_get(res["params"])
-  out = drafter_io.save_drafter(run / "drafter", ecfg, params, target_name=model, tokenizer=m.tokenizer,
-                                head_ids=res["head_ids"],
-                                training={**res["settings"], "init_from": init_from,
-                                          "train_tokens": int(store.meta["tokens"]),
-                                          "sequences": store.num_sequences, "train_s": res["train_s"]})
+  training = {**res["settings"], "init_from": init_from, "train_tokens": int(store.meta["tokens"]),
+              "sequences": store.num_sequences, "train_s": res["train_s"]}
+  if ecfg.layout == "eagle3":      # the published architecture: written where vLLM reads it
+    from specjax.checkpoints import speculators_io
+    out = speculators_io.save_speculators(run / "drafter", ecfg, {**params, **res["frozen"]}, verifier=m.source,
+                                          training=training)
+  else:
+    out = drafter_io.save_drafter(run / "drafter", ecfg, params, target_name=model, tokenizer=m.tokenizer,
+                                  head_ids=res["head_ids"], training=training)
   _log(f"exported {out}")
   ev = evaluate.tvd_by_position(m, ecfg, {**params, **res["frozen"]}, store, res["held_idx"],
                                 positions=eval_positions, seq_len=res["settings"]["seq_len"])
@@ -154,7 +159,7 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
                    features: str = "final", fused_layers: Sequence[int] = (), reduced_vocab: int = 0,
                    loss: str = "fkl", w_cls: float = 1.0, w_reg: float = 0.0, unroll: int = 1,
                    step_decay: float = 1.0, matmul_dtype: str = "float32", parallel: int = 0, init=None,
-                   **fit_kw) -> dict:
+                   architecture: str = "eagle", **fit_kw) -> dict:
   """The training stage on an existing feature store (``_fit``'s settings: steps, batch, optimizer,
   checkpoints).  ``init``: (trainable parameters, head_ids or None) to start from instead of a fresh drafter.
 
@@ -164,6 +169,9 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   ``step_decay ** (s - 1)``.  ``matmul_dtype`` bfloat16: the drafter's products in bfloat16 with float32 sums
   (``eagle_train.train_forward``; parameters and optimizer stay float32).  ``parallel`` K >= 2: a parallel
   drafter (all K draft positions in one forward, ``speculative/eagle_parallel.py``), trained with unroll K.
+  ``architecture``: "eagle" (specjax's head: fc([embedding ; feature]) into a Llama layer, the target's head
+  rows) or "eagle3" (the published EAGLE-3 architecture, fused features only: its own head over the reduced
+  vocabulary, started from the target's rows; exported in the speculators layout).
   """
   from specjax.speculative import eagle
   from specjax.training import eagle_train
@@ -176,7 +184,7 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
   try:
     lcfg = eagle_train.LossConfig(kind=loss, w_cls=w_cls, w_reg=w_reg, unroll=unroll, step_decay=step_decay,
                                   matmul_dtype=matmul_dtype)
-    ecfg = eagle.EagleConfig(cfg, tuple(fused_layers) if features == "fused" else (), reduced_vocab, parallel)
+    ecfg = _eagle_config(cfg, architecture, features, fused_layers, reduced_vocab, parallel)
   except ValueError as e:
     raise SpecjaxError(str(e)) from e
   store = eagle_train.FeatureData(data_dir)
@@ -188,15 +196,22 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
     head_ids, t2d = _reduced_head(store, cfg, reduced_vocab, train_idx) if ecfg.reduced else (None, None)
   frozen = {**eagle.frozen_from_target(ecfg, target_params, head_ids), "t2d": t2d}
   seed = fit_kw.get("seed", 0)
+  if ecfg.layout == "eagle3":      # its own head (trainable), started from the target's rows it scores against
+    frozen["target_head"] = frozen.pop("lm_head")
+    fresh = {**eagle.init_eagle3(ecfg, jax.random.PRNGKey(seed), head_ids),
+             "lm_head": jnp.array(frozen["target_head"], jnp.float32)}     # a copy: the train step donates it
+    fresh.pop("head_ids", None)
+  else:
+    fresh = eagle.init_trainable(ecfg, jax.random.PRNGKey(seed)) if init is None else None
   # (a copy of ``init``: the train step donates its state)
-  params0 = (eagle.init_trainable(ecfg, jax.random.PRNGKey(seed)) if init is None
-             else jax.tree.map(lambda x: jnp.array(x, jnp.float32), init[0]))
+  params0 = fresh if init is None else jax.tree.map(lambda x: jnp.array(x, jnp.float32), init[0])
 
   def loss_of(trainable, frozen, batch):
     fz = {k: v for k, v in frozen.items() if k != "t2d"}
     return eagle_train.loss_fn(trainable, fz, ecfg, lcfg, batch, frozen["t2d"])
 
-  settings = dict(kind="eagle", model=model_name or cfg.name, data_dir=str(data_dir), features=features,
+  settings = dict(kind="eagle", architecture=architecture, model=model_name or cfg.name, data_dir=str(data_dir),
+                  features=features,
                   feature_layers=list(ecfg.feature_layers), reduced_vocab=reduced_vocab, loss=loss, w_cls=w_cls,
                   w_reg=w_reg, unroll=unroll, step_decay=step_decay, matmul_dtype=matmul_dtype, parallel=parallel)
   fingerprint = {"drafter": "eagle", "target": model_name or cfg.name, **ecfg.to_dict(), "loss": lcfg.kind,
@@ -205,6 +220,20 @@ def train_eagle_on(target_params, cfg, *, data_dir, run_dir, resume: bool = Fals
              fingerprint=fingerprint, settings=settings, **fit_kw)
   return {**res, "ecfg": ecfg, "frozen": {k: v for k, v in frozen.items() if k != "t2d"}, "head_ids": head_ids,
           "store": store}
+
+
+def _eagle_config(cfg, architecture: str, features: str, fused_layers, reduced_vocab: int, parallel: int):
+  from specjax.speculative import eagle
+  if architecture not in ("eagle", "eagle3"):
+    raise ValueError(f"architecture must be 'eagle' (specjax's head) or 'eagle3' (the published one), got "
+                     f"'{architecture}'")
+  if architecture == "eagle3" and (features != "fused" or parallel):
+    raise ValueError("an EAGLE-3 head reads fused features (features='fused') and drafts one position per "
+                     "forward (parallel=0)")
+  layers = tuple(fused_layers) if features == "fused" else ()
+  if architecture == "eagle3":
+    return eagle.EagleConfig(cfg, layers, reduced_vocab, layout="eagle3")
+  return eagle.EagleConfig(cfg, layers, reduced_vocab, parallel)
 
 
 def data_sharding(batch_size: int, mesh=None):
