@@ -13,6 +13,17 @@ for tests/test_dflash_layout.py.
           /tmp/hfref/bin/pip install --no-deps specforge==0.2.0      # beside torch 2.13, transformers 5.25
           TORCHDYNAMO_DISABLE=1 /tmp/hfref/bin/python scripts/record_dflash_references.py zlab
 
+  speculators  ``speculators`` 0.9.0's ``DFlashDraftModel`` (speculators/models/dflash), saved with its
+        ``save_pretrained`` (what vLLM loads): ``speculators_model_type: "dflash"``, the draft layers' own config in
+        ``transformer_layer_config``, ``aux_hidden_state_layer_ids`` as hidden-state *indices* (i = the output of
+        layer i - 1), ``block_size``, ``mask_token_id``, ``draft_vocab_size`` with ``d2t``/``t2d`` and its own
+        ``lm_head``; the embedding is the verifier's raw table (no Gemma scale), not saved.  Target: the tiny Gemma 3
+        of tests/data/hf_families/gemma3 (7 layers); one draft layer (Qwen3: q/k norms), block size 5, indices
+        [4, 2], a draft vocabulary of 150, mask token 3.  The logits come from the package's training forward
+        (``_backbone_forward``), whose anchored blocks see the context before the anchor and their own block both
+        ways, at the anchors chosen by the loss mask.  In speculators' own venv (transformers <= 5.19):
+          /tmp/specref/bin/python scripts/record_dflash_references.py speculators
+
 Recorded, float32, as ``DFlashDraftModel.spec_generate`` drafts: for a few anchors s, the context is the target's
 features of tokens 0..s-1, the block is [token s, mask x (block_size - 1)] at positions s..s+block_size-1, and
 the draft logits are the target's ``lm_head`` over the block's last block_size - 1 rows (depths 1..block_size-1,
@@ -84,7 +95,7 @@ def record_zlab() -> None:
       cache.crop(-BLOCK)         # spec_generate's crop(start); transformers 5.25 counts the tokens to remove
       cached = _block(drafter, base, x, feats[:, FIRST:s], s, cache, past=FIRST)
       assert torch.allclose(logits, cached, atol=1e-5), (s, (logits - cached).abs().max())
-      cases.append({"anchor": s, "logits": logits.tolist(), "top1": logits.argmax(-1).tolist()})
+      cases.append({"anchor": s, "logits": logits.tolist(), "top1_target": logits.argmax(-1).tolist()})
   out = OUT / "zlab"
   drafter.save_pretrained(out)
   for f in out.glob("*.py"):                      # a package's own source, if it copied any: not ours to keep
@@ -92,8 +103,64 @@ def record_zlab() -> None:
   (out / "reference.json").write_text(json.dumps({
       "package": "specforge 0.2.0", "torch": torch.__version__, "transformers": transformers.__version__,
       "target": "qwen3", "token_ids": list(ids), "cases": cases}))
-  print(out, sorted(p.name for p in out.iterdir()), [(c["anchor"], c["top1"]) for c in cases])
+  print(out, sorted(p.name for p in out.iterdir()), [(c["anchor"], c["top1_target"]) for c in cases])
+
+
+def _draft_vocab(V: int, Vd: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+  """A draft vocabulary of Vd target ids (ascending): (d2t offsets [Vd], t2d mask [V])."""
+  g = torch.Generator().manual_seed(seed)
+  ids = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
+  t2d = torch.zeros(V, dtype=torch.bool)
+  t2d[ids] = True
+  return ids - torch.arange(Vd), t2d
+
+
+def record_speculators() -> None:
+  from speculators import SpeculatorsConfig, VerifierConfig
+  from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+  base, ids = family_target("gemma3")
+  c = base.config
+  block, vd, indices = 5, 150, [4, 2]
+  layer = transformers.Qwen3Config(
+      hidden_size=c.hidden_size, intermediate_size=48, num_attention_heads=2, num_key_value_heads=1, head_dim=24,
+      num_hidden_layers=1, vocab_size=c.vocab_size, rms_norm_eps=c.rms_norm_eps,
+      max_position_embeddings=c.max_position_embeddings, rope_parameters={"rope_type": "default", "rope_theta": 5e4})
+  layer._attn_implementation = "eager"
+  config = DFlashSpeculatorConfig(
+      transformer_layer_config=layer, draft_vocab_size=vd, block_size=block, aux_hidden_state_layer_ids=indices,
+      mask_token_id=3, speculators_config=SpeculatorsConfig(
+          algorithm="dflash", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block - 1)],
+          default_proposal_method="greedy", verifier=VerifierConfig(name_or_path=None,
+                                                                    architectures=["Gemma3ForCausalLM"])))
+  drafter = DFlashDraftModel(config).eval()
+  _randomize(drafter)
+  d2t, t2d = _draft_vocab(c.vocab_size, vd, seed=7)
+  with torch.no_grad():
+    drafter.embed_tokens.weight.copy_(base.model.embed_tokens.weight)     # the raw table, as the package loads it
+    drafter.load_vocab_mappings(t2d, d2t)
+  x = torch.tensor([ids])
+  T = x.shape[1]
+  loss_mask = torch.zeros(1, T, dtype=torch.long)
+  loss_mask[0, ANCHORS] = 1                                                # every valid position becomes an anchor
+  with torch.no_grad():
+    hs = base(input_ids=x, output_hidden_states=True).hidden_states
+    _, logits, _, _, anchors = drafter._backbone_forward(
+        torch.cat([hs[i] for i in indices], -1), x, loss_mask, hs[-1], torch.zeros(1, T, dtype=torch.long),
+        max_anchors=len(ANCHORS))
+  blocks = logits[0].reshape(len(ANCHORS), block, vd)[:, 1:]              # rows 1.. of each block: depths 1..
+  assert anchors.reshape(len(ANCHORS), block)[:, 0].tolist() == ANCHORS
+  cases = [{"anchor": s, "logits": lg.tolist(), "top1_target": [int(d + d2t[d]) for d in lg.argmax(-1)]}
+           for s, lg in zip(ANCHORS, blocks)]
+  out = OUT / "speculators"
+  drafter.save_pretrained(out)
+  for f in out.glob("*.py"):
+    f.unlink()
+  (out / "reference.json").write_text(json.dumps({
+      "package": "speculators 0.9.0", "torch": torch.__version__, "transformers": transformers.__version__,
+      "target": "gemma3", "token_ids": list(ids), "cases": cases}))
+  print(out, sorted(p.name for p in out.iterdir()), [(c["anchor"], c["top1_target"]) for c in cases])
 
 
 if __name__ == "__main__":
-  {"zlab": record_zlab}[sys.argv[1]]()
+  {"zlab": record_zlab, "speculators": record_speculators}[sys.argv[1]]()

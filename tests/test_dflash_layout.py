@@ -1,7 +1,8 @@
-"""DFlash drafters in their published layout (z-lab / SpecForge): equal to SpecForge's ``DFlashDraftModel``
-(recorded by scripts/record_dflash_references.py) at every depth of the block, from the prompt's context and
-after accepted tokens; greedy-exact through the API (chains, static and dynamic trees) and lossless under
-sampling; refusals in one line before any weight is read."""
+"""DFlash drafters in their published layouts (z-lab / SpecForge, and ``speculators``): equal to each project's
+``DFlashDraftModel`` (recorded by scripts/record_dflash_references.py) at every depth of the block, from the
+prompt's context and after accepted tokens; greedy-exact through the API (chains, static and dynamic trees) and
+lossless under sampling, over the target's vocabulary and a reduced one; refusals in one line before any weight
+is read."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,11 @@ from specjax.models.kv_cache import init_cache
 from specjax.speculative import dflash
 from test_families import write_family
 
-DATA = Path(__file__).parent / "data" / "dflash" / "zlab"
+ROOT = Path(__file__).parent / "data" / "dflash"
+DATA = ROOT / "zlab"
+TARGET = {"zlab": "qwen3", "speculators": "gemma3"}
+# What each recording says of itself: taps, block size, mask token, draft layers, head dim, draft vocabulary.
+SHAPE = {"zlab": ((1, 0), 4, 269, 2, 16, 270), "speculators": ((3, 1), 5, 3, 1, 24, 150)}
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +36,35 @@ def qwen3(tmp_path_factory):
   return d
 
 
-def test_block_logits_equal_the_reference_implementation(qwen3):
-  """Each recorded block (anchor s: context 0..s-1, block [x_s, mask x 3]) within 1e-4 of SpecForge's logits at
-  depths 1..3 with the same top-1: the context written at prefill, or partly by prefill and partly as a step's
-  accepted path (the commit's pending features)."""
-  ref = json.loads((DATA / "reference.json").read_text())
-  cfg, params, tok = load_hf_dir(qwen3)
-  dcfg, dp, config = drafter_io.load_drafter(DATA, cfg, params, tok)
-  assert config["layout"] == "dflash-zlab" and dcfg.feature_layers == (1, 0)
-  assert (dcfg.block_size, dcfg.mask_token_id, dcfg.layer.num_layers, dcfg.layer.head_dim) == (4, 269, 2, 16)
+@pytest.fixture(scope="module", params=sorted(TARGET))
+def pair(request, tmp_path_factory):
+  layout = request.param
+  d, _ = write_family(tmp_path_factory.mktemp("dflash"), TARGET[layout])
+  return layout, d
+
+
+def _loaded(layout, d):
+  ref = json.loads((ROOT / layout / "reference.json").read_text())
+  cfg, params, tok = load_hf_dir(d)
+  dcfg, dp, config = drafter_io.load_drafter(ROOT / layout, cfg, params, tok)
   ids = jnp.asarray([ref["token_ids"]])
   T = ids.shape[1]
   feats = M.forward(params, cfg, ids, jnp.arange(T)[None], init_cache(cfg, 1, T),
                     feature_layers=dcfg.feature_layers).features
+  return ref, dcfg, dp, config, ids, feats
+
+
+def test_block_logits_equal_the_reference_implementation(pair):
+  """Each recorded block (anchor s: context 0..s-1, block [x_s, mask, ...]) within 1e-4 of the project's logits at
+  every depth (over its draft vocabulary) with the same top-1 target token: the context written at prefill, or
+  partly by prefill and partly as a step's accepted path (the commit's pending features)."""
+  layout, d = pair
+  ref, dcfg, dp, config, ids, feats = _loaded(layout, d)
+  assert config["layout"] == f"dflash-{layout}"
+  assert (dcfg.feature_layers, dcfg.block_size, dcfg.mask_token_id, dcfg.layer.num_layers, dcfg.layer.head_dim,
+          dcfg.layer.vocab_size) == SHAPE[layout]
+  T = ids.shape[1]
+  rows = np.asarray(dp["head_ids"]) if dcfg.reduced else np.arange(dcfg.target.vocab_size)
   drafter = dflash.DFlashDrafter(dcfg.layer, dcfg=dcfg, max_depth=dcfg.max_depth)
   block, init = jax.jit(drafter.block), jax.jit(drafter.init, static_argnums=3)
   for case in ref["cases"]:
@@ -53,8 +74,8 @@ def test_block_logits_equal_the_reference_implementation(qwen3):
                               jnp.asarray([s - 3]), None, jnp.asarray([s]), feats[:, s - 3:s + 1])
     for state in (at_prefill, accepted):
       logits, cache = block(dp, state, jnp.asarray([s]), ids[:, s])
-      np.testing.assert_allclose(logits[0], case["logits"], atol=1e-4, rtol=0, err_msg=str(s))
-      assert np.asarray(logits[0]).argmax(-1).tolist() == case["top1"]
+      np.testing.assert_allclose(logits[0][:, rows], case["logits"], atol=1e-4, rtol=0, err_msg=f"{layout} {s}")
+      assert np.asarray(logits[0]).argmax(-1).tolist() == case["top1_target"]
       assert int(cache.lengths[0]) == s
 
 
@@ -86,44 +107,59 @@ def test_steps_equal_a_drafter_built_from_scratch(qwen3):
 
 
 def _constant_drafter(tmp_path, mask_token_id: int) -> Path:
-  """The fixture with its attention and MLP outputs zeroed and another mask token: every block row stays its
+  """The z-lab fixture with its attention and MLP outputs zeroed and another mask token: every block row stays its
   input embedding, so the tied head drafts the mask token at every depth (accepted where the target repeats it)."""
   def zero_outputs(t):
     return {k: v * 0 if k.endswith(("o_proj.weight", "down_proj.weight")) else v for k, v in t.items()}
-  return _edited(tmp_path, "constant", lambda c: _dflash_config(c, mask_token_id=mask_token_id), zero_outputs)
+  return _edited(tmp_path, "zlab", "constant", lambda c: _dflash_config(c, mask_token_id=mask_token_id),
+                 zero_outputs)
 
 
-def test_greedy_dflash_equals_plain_greedy(qwen3, tmp_path):
-  """Chains (the whole block and a shorter one), a static and a dynamic tree: plain greedy tokens with one
-  draft forward a step — with the recorded drafter, and with one whose drafts the target accepts (76 is what
-  the first prompt's greedy reply repeats)."""
-  m = api.load(str(qwen3))
-  ids = json.loads((DATA / "reference.json").read_text())["token_ids"]
+def test_greedy_dflash_equals_plain_greedy(pair, tmp_path):
+  """Chains (the whole block and a shorter one), a static and a dynamic tree: plain greedy tokens with one draft
+  forward a step — with each recorded drafter, and (z-lab, Qwen3) with one whose drafts the target accepts (76
+  is what the first prompt's greedy reply repeats)."""
+  layout, d = pair
+  m = api.load(str(d))
+  ids = json.loads((ROOT / layout / "reference.json").read_text())["token_ids"]
   prompts = [m.tokenizer.decode(ids[:n], skip_special_tokens=False) for n in (20, 45)]
   kw = dict(max_new_tokens=24, chat=False, ignore_eos=True, batch_size=2)
   plain = [g.token_ids for g in api.generate(m, prompts, **kw)[0]]
-  assert plain[0].count(76) > 10
-  for draft in (DATA, _constant_drafter(tmp_path, 76)):
+  drafts = [ROOT / layout]
+  if layout == "zlab":
+    assert plain[0].count(76) > 10
+    drafts.append(_constant_drafter(tmp_path, 76))
+  for draft in drafts:
     for settings in (dict(k=3), dict(k=2), dict(tree="branch:2,2"), dict(tree="dynamic:6:2:3")):
       got, stats = api.generate(m, prompts, drafter="dflash", draft=str(draft), **kw, **settings)
       assert [g.token_ids for g in got] == plain, (draft.name, settings)
       assert stats["draft_forwards"] == stats["iterations"], settings
-      assert (stats["accepted_tokens"] > 8) == (draft != DATA), (draft.name, settings, stats["accepted_tokens"])
+      if draft.name == "constant":
+        assert stats["accepted_tokens"] > 8, (settings, stats["accepted_tokens"])
 
 
-def _micro_drafter(target, block_size=3, sharpen=3.0):
+def _micro_drafter(target, reduced: bool, block_size=3, sharpen=3.0):
+  """A random two-layer DFlash drafter for the micro target (block 3: depth 2), over the target's vocabulary
+  (its head) or 7 of its 12 tokens (its own head)."""
   from test_speculative import MICRO
-  layer = MICRO.replace(name="micro-dflash", num_layers=2, qk_norm=True, head_dim=4, num_heads=2, ffn_dim=24)
+  vocab = 7 if reduced else MICRO.vocab_size
+  layer = MICRO.replace(name="micro-dflash", num_layers=2, qk_norm=True, head_dim=4, num_heads=2, ffn_dim=24,
+                        vocab_size=vocab, tie_embeddings=not reduced)
   dcfg = dflash.DFlashConfig(MICRO, layer, (1, 0), block_size, mask_token_id=11)
   head = {**dflash.init_params(dcfg, jax.random.PRNGKey(5)), **dflash.frozen_from_target(dcfg, target)}
   head["final_norm"] = head["final_norm"] * sharpen
+  if reduced:
+    head["lm_head"] = jax.random.normal(jax.random.PRNGKey(6), (vocab, MICRO.d_model)) * 0.5
+    head["head_ids"] = jnp.asarray([0, 2, 3, 5, 7, 8, 11], jnp.int32)
   return dflash.DFlashDrafter(layer, dcfg=dcfg, max_depth=block_size - 1), head
 
 
-def test_sampling_with_a_dflash_drafter_is_lossless():
+@pytest.mark.parametrize("reduced", [False, True], ids=["target-vocabulary", "draft-vocabulary"])
+def test_sampling_with_a_dflash_drafter_is_lossless(reduced):
   """The χ² harnesses of test_speculative (a chain of 2: the whole block of 3) and test_lossless_trees (a 2 x 2
-  tree): a DFlash drafter's samples have plain sampling's joint distribution; the accept-everything rule and
-  acceptance without the residual update are caught."""
+  tree): a DFlash drafter's samples have plain sampling's joint distribution, over the target's vocabulary and
+  over a draft vocabulary of 7 tokens (q is 0 on the other 5); the accept-everything rule and acceptance without
+  the residual update are caught."""
   from test_lossless_trees import _tree_samples
   from test_speculative import AcceptAlways, _chi2_pvalue, _exact_joint, _micro_params, _spec_samples
   from specjax.models.sampling import SamplingParams
@@ -131,20 +167,22 @@ def test_sampling_with_a_dflash_drafter_is_lossless():
   from specjax.speculative.trees import specs as tree_shapes
   sp = SamplingParams(temperature=1.0)
   target = _micro_params(0)
-  drafter, head = _micro_drafter(target)
+  drafter, head = _micro_drafter(target, reduced)
   joint = _exact_joint(target, sp)
-  assert _chi2_pvalue(_spec_samples(target, head, sp, drafter=drafter), joint) > 1e-3
-  assert _chi2_pvalue(_spec_samples(target, head, sp, drafter=drafter, acceptance=AcceptAlways()), joint) < 1e-6
   tree = tree_shapes.branching([2, 2])
+  assert _chi2_pvalue(_spec_samples(target, head, sp, drafter=drafter), joint) > 1e-3
   assert _chi2_pvalue(_tree_samples(target, head, sp, tree, drafter=drafter), joint) > 1e-3
+  if reduced:
+    return
+  assert _chi2_pvalue(_spec_samples(target, head, sp, drafter=drafter, acceptance=AcceptAlways()), joint) < 1e-6
   no_residual = _tree_samples(target, head, sp, tree, drafter=drafter,
                               acceptance=SpeculativeSampling(residual_update=False))
   assert _chi2_pvalue(no_residual, joint) < 1e-6
 
 
-def _edited(tmp_path, name, edit=None, weights=None, garbage=False):
+def _edited(tmp_path, layout, name, edit=None, weights=None, garbage=False):
   d = tmp_path / name
-  shutil.copytree(DATA, d)
+  shutil.copytree(ROOT / layout, d)
   if edit is not None:
     (d / "config.json").write_text(json.dumps(edit(json.loads((d / "config.json").read_text()))))
   if weights is not None:
@@ -159,46 +197,84 @@ def _dflash_config(c, **kw):
   return {**c, "dflash_config": {**c["dflash_config"], **kw}}
 
 
-CONFIG_CASES = [
-    (lambda c: {**c, "hidden_size": 128}, r"hidden_size=128, the target .* has 64: a drafter for another target"),
-    (lambda c: {**c, "vocab_size": 300}, r"vocab_size=300, the target .* has 270"),
-    (lambda c: {**c, "num_target_layers": 36}, r"num_target_layers=36, the target .* has 3"),
-    (lambda c: {**c, "block_size": 1}, r"block_size=1 \(a block of the root and at least one mask token"),
-    (lambda c: {k: v for k, v in c.items() if k != "block_size"}, r"block_size=None"),
-    (lambda c: _dflash_config(c, mask_token_id=270), r"mask_token_id=270, the target .* has tokens 0..269"),
-    (lambda c: _dflash_config(c, target_layer_ids=[1, 2]),
-     r"target_layer_ids \[1, 2\] do not fit the target .* \(3 layers; ids 0..1\)"),
-    (lambda c: {**c, "layer_types": ["sliding_attention", "full_attention"]}, r"sliding_attention draft layers"),
-]
+def _layer_config(c, **kw):
+  return {**c, "transformer_layer_config": {**c["transformer_layer_config"], **kw}}
 
 
-def test_bad_config_is_refused_in_one_line_before_the_weights(qwen3, tmp_path):
-  cfg, params, tok = load_hf_dir(qwen3)
-  for i, (edit, msg) in enumerate(CONFIG_CASES):
+_NOT_TARGET = ": a drafter for another target"
+CONFIG_CASES = {
+    "zlab": [
+        (lambda c: {**c, "hidden_size": 128}, r"hidden_size=128, the target .* has 64" + _NOT_TARGET),
+        (lambda c: {**c, "vocab_size": 300}, r"vocab_size=300, the target .* has 270"),
+        (lambda c: {**c, "num_target_layers": 36}, r"num_target_layers=36, the target .* has 3"),
+        (lambda c: {**c, "block_size": 1}, r"block_size=1 \(a block of the root and at least one mask token"),
+        (lambda c: {k: v for k, v in c.items() if k != "block_size"}, r"block_size=None"),
+        (lambda c: _dflash_config(c, mask_token_id=270), r"mask_token_id=270, the target .* has tokens 0..269"),
+        (lambda c: _dflash_config(c, target_layer_ids=[1, 2]),
+         r"target_layer_ids \[1, 2\] do not fit the target .* \(3 layers; ids 0..1\)" + _NOT_TARGET),
+        (lambda c: {**c, "layer_types": ["sliding_attention", "full_attention"]}, r"sliding_attention draft layers"),
+    ],
+    "speculators": [
+        (lambda c: _layer_config(c, hidden_size=128), r"hidden_size=128, the target .* has 64" + _NOT_TARGET),
+        (lambda c: _layer_config(c, vocab_size=300), r"vocab_size=300, the target .* has 270"),
+        (lambda c: {**c, "target_hidden_size": 32}, r"target_hidden_size=32, the target .* has 64"),
+        (lambda c: {**c, "draft_vocab_size": 300}, r"draft_vocab_size=300, the target .* has 270 tokens"),
+        (lambda c: {**c, "block_size": 1}, r"block_size=1 \(a block of the root"),
+        (lambda c: {**c, "mask_token_id": None}, r"mask_token_id=None, the target .* has tokens 0..269"),
+        (lambda c: {**c, "aux_hidden_state_layer_ids": [0, 2]},
+         r"aux_hidden_state_layer_ids \[0, 2\] do not fit the target .* \(7 layers; hidden-state indices 1..6\)"),
+        (lambda c: {**c, "aux_hidden_state_layer_ids": [7]}, r"aux_hidden_state_layer_ids \[7\] do not fit"),
+        (lambda c: {**c, "sample_from_anchor": True}, r"sample_from_anchor drafts from the anchor row too"),
+        (lambda c: {**c, "speculators_model_type": "dflash2"}, r"speculators_model_type 'dflash2'; supported: dflash"),
+    ],
+}
+
+
+def test_bad_config_is_refused_in_one_line_before_the_weights(pair, tmp_path):
+  """Every mismatch with the target, and every setting specjax does not read, in one line naming both sides —
+  with a weights file that is not one, so the refusal came from config.json alone."""
+  layout, d = pair
+  cfg, params, tok = load_hf_dir(d)
+  for i, (edit, msg) in enumerate(CONFIG_CASES[layout]):
     with pytest.raises(SpecjaxError, match=msg) as e:
-      drafter_io.load_drafter(_edited(tmp_path, f"c{i}", edit, garbage=True), cfg, params, tok)
+      drafter_io.load_drafter(_edited(tmp_path, layout, f"c{i}", edit, garbage=True), cfg, params, tok)
     assert "\n" not in str(e.value) and "dflash" in str(e.value).lower()
 
 
-def test_bad_weights_are_refused_in_one_line(qwen3, tmp_path, monkeypatch):
-  cfg, params, tok = load_hf_dir(qwen3)
-  cases = [(lambda t: {k: v for k, v in t.items() if k != "layers.1.self_attn.k_norm.weight"},
-            r"lacks 'layers.1.self_attn.k_norm.weight': not a DFlash drafter"),
-           (lambda t: {**t, "fc.weight": t["fc.weight"][:, :64]},
-            r"'fc.weight' has shape \(64, 64\), config.json and the target say \(64, 128\)")]
-  edited = [_edited(tmp_path, f"w{i}", weights=w) for i, (w, _) in enumerate(cases)]
-  def unread(f):                       # the header alone decides: no tensor is read for these refusals
+WEIGHT_CASES = {
+    "zlab": [(lambda t: {k: v for k, v in t.items() if k != "layers.1.self_attn.k_norm.weight"},
+              r"lacks 'layers.1.self_attn.k_norm.weight': not a DFlash drafter"),
+             (lambda t: {**t, "fc.weight": t["fc.weight"][:, :64]},
+              r"'fc.weight' has shape \(64, 64\), config.json and the target say \(64, 128\)")],
+    "speculators": [(lambda t: {k: v for k, v in t.items() if k != "d2t"},
+                     r"lacks 'd2t': a reduced draft vocabulary needs its d2t map"),
+                    (lambda t: {**t, "lm_head.weight": t["lm_head.weight"][:100]},
+                     r"'lm_head.weight' has shape \(100, 64\), config.json and the target say \(150, 64\)")],
+}
+
+
+def test_bad_weights_are_refused_in_one_line(pair, tmp_path, monkeypatch):
+  """Missing tensors and wrong shapes from the file's header alone (no tensor read), a d2t map out of the
+  target's vocabulary, a truncated file (named), a pickled one (with the conversion)."""
+  layout, d = pair
+  cfg, params, tok = load_hf_dir(d)
+  edited = [_edited(tmp_path, layout, f"w{i}", weights=w) for i, (w, _) in enumerate(WEIGHT_CASES[layout])]
+  def unread(f):
     raise AssertionError(f"{f} was read")
   with monkeypatch.context() as mp:
     mp.setattr(dflash_io, "_read", unread)
-    for d, (_, msg) in zip(edited, cases):
+    for e, (_, msg) in zip(edited, WEIGHT_CASES[layout]):
       with pytest.raises(SpecjaxError, match=msg):
-        drafter_io.load_drafter(d, cfg, params, tok)
-  broken = _edited(tmp_path, "truncated")
-  (broken / "model.safetensors").write_bytes((DATA / "model.safetensors").read_bytes()[:5000])
+        drafter_io.load_drafter(e, cfg, params, tok)
+  if layout == "speculators":
+    far = _edited(tmp_path, layout, "far", weights=lambda t: {**t, "d2t": t["d2t"] + 200})
+    with pytest.raises(SpecjaxError, match="d2t map sends draft tokens outside the target's 270 tokens"):
+      drafter_io.load_drafter(far, cfg, params, tok)
+  broken = _edited(tmp_path, layout, "truncated")
+  (broken / "model.safetensors").write_bytes((ROOT / layout / "model.safetensors").read_bytes()[:5000])
   with pytest.raises(SpecjaxError, match=r"truncated/model.safetensors is damaged"):
     drafter_io.load_drafter(broken, cfg, params, tok)
-  pickled = _edited(tmp_path, "pickled")
+  pickled = _edited(tmp_path, layout, "pickled")
   (pickled / "model.safetensors").unlink()
   (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02")
   with pytest.raises(SpecjaxError, match="pickled torch file.*save_file"):

@@ -1,9 +1,9 @@
 """DFlash: a few non-causal draft layers over a block of mask tokens, conditioned on the target's features,
 drafting a whole block in one forward.
 
-A DFlash drafter (z-lab's release; SpecForge's ``DFlashDraftModel``) reads, for every committed token t, the
-target's residual stream after a few of its layers (``feature_layers``, concatenated: f_t [n·D]) and keeps
-in each of its L' layers the keys and values of the context
+A DFlash drafter (z-lab's releases; SpecForge's and speculators' ``DFlashDraftModel``) reads, for every
+committed token t, the target's residual stream after a few of its layers (``feature_layers``, concatenated:
+f_t [n·D]) and keeps in each of its L' layers the keys and values of the context
 
     c_t = hidden_norm(fc · f_t)                                                fc: [D, n·D]
     k_t = RoPE_t(k_norm(W_k c_t)),   v_t = W_v c_t                            each layer's own W_k, W_v
@@ -13,13 +13,14 @@ x_s (the tree's root, at position s = ``lengths``), it runs its layers once over
 
     [x_s, m, m, ..., m]   at positions s .. s + block_size - 1      m = ``mask_token_id``
 
-embedded with the target's embedding; each layer is a Qwen3 decoder layer whose attention reads the context
-c_{<s} and the whole block, both ways (non-causal).  The final norm and the target's head over block rows
-1..block_size - 1 give the distributions of depths 1..block_size - 1 — none depends on what is drafted above
-it, so, as for the parallel head and Medusa (``drafters.PerDepthLogits``), a chain takes the top-1 or a draw at
-each depth, a static tree gives every node at depth d its children from row d + 1, and ``dynamic:N`` expands
-EAGLE-2-style over those rows.  Each node's children come from the distribution recorded as its q, so sampling
-stays lossless.
+embedded with the target's embedding (z-lab: with the family's scale; speculators: its raw table); each layer
+is a Qwen3 decoder layer whose attention reads the context c_{<s} and the whole block, both ways (non-causal).
+The final norm and the head (the target's, or a draft vocabulary's own, scattered to target ids with q zero
+elsewhere) over block rows 1..block_size - 1 give the distributions of depths 1..block_size - 1.  None depends
+on what is drafted above it, so, as for the parallel head and Medusa (``drafters.PerDepthLogits``), a chain
+takes the top-1 or a draw at each depth, a static tree gives every node at depth d its children from row
+d + 1, and ``dynamic:N`` expands EAGLE-2-style over those rows.  Each node's children come from the
+distribution recorded as its q, so sampling stays lossless.
 
 In the engine the block runs through ``decoder.forward`` over the drafter's own cache: the context entries are
 written first (``write_context``), then the block's T = block_size rows at slots s.., with a region mask that
@@ -48,7 +49,8 @@ class DFlashConfig:
   """Static description of a DFlash drafter for a target (hashable)."""
   target: ModelConfig
   layer: ModelConfig                   # the draft layers as a model: L' layers of their own shape, the target's
-                                       # width, vocabulary and head (its embedding scale: the target's module)
+                                       # width and embedding (scaled as the layout embeds), a head over the
+                                       # target's vocabulary (the target's) or a draft vocabulary (its own)
   feature_layers: tuple[int, ...]      # the target layers whose outputs are concatenated into f_t
   block_size: int                      # rows of one draft forward: the root and block_size - 1 mask tokens
   mask_token_id: int
@@ -61,7 +63,7 @@ class DFlashConfig:
       raise ValueError(f"mask token {self.mask_token_id} outside the target's {t.vocab_size} tokens")
     if not self.feature_layers or any(not 0 <= i < t.num_layers for i in self.feature_layers):
       raise ValueError(f"feature layers {list(self.feature_layers)} outside the target's {t.num_layers} layers")
-    if (c.d_model, c.vocab_size) != (t.d_model, t.vocab_size):
+    if c.d_model != t.d_model or not 0 < c.vocab_size <= t.vocab_size:
       raise ValueError(f"draft layers of width {c.d_model} over {c.vocab_size} tokens for a target of "
                        f"{t.d_model} and {t.vocab_size}")
 
@@ -72,6 +74,10 @@ class DFlashConfig:
   @property
   def max_depth(self) -> int:          # the deepest node one block drafts
     return self.block_size - 1
+
+  @property
+  def reduced(self) -> bool:           # its own head over a draft vocabulary (target ids ``head_ids``)
+    return self.layer.vocab_size != self.target.vocab_size
 
 
 def init_params(dcfg: DFlashConfig, key: jax.Array) -> dict:
@@ -84,9 +90,10 @@ def init_params(dcfg: DFlashConfig, key: jax.Array) -> dict:
 
 
 def frozen_from_target(dcfg: DFlashConfig, target_params) -> dict:
-  """What the drafter reads of the target: its embedding, and its head when untied."""
+  """What the drafter reads of the target: its embedding, and its head when untied (a draft vocabulary's head
+  is the drafter's own)."""
   out = {"embed": target_params["embed"]}
-  if not dcfg.target.tie_embeddings:
+  if not dcfg.target.tie_embeddings and not dcfg.reduced:
     out["lm_head"] = target_params["lm_head"]
   return out
 
@@ -136,7 +143,10 @@ def block_logits(params, dcfg: DFlashConfig, cache: KVCache, last_B: jax.Array, 
   out = decode.windowed_forward(params, dcfg.layer, tokens_BxT, lengths_B[:, None] + i_T[None, :],
                                 cache.with_lengths(lengths_B), buckets=buckets, region_mask_BxTxU=both_ways_BxTxT,
                                 head_index_B=rows_BxJ)
-  return out.logits, out.cache.with_lengths(lengths_B)
+  logits = out.logits                  # a draft vocabulary's rows scattered to target ids, the rest at probability 0
+  if dcfg.reduced:
+    logits = model_lib.scatter_to_vocab(logits, params["head_ids"], dcfg.target.vocab_size)
+  return logits, out.cache.with_lengths(lengths_B)
 
 
 @dataclasses.dataclass(frozen=True)
