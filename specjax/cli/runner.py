@@ -28,8 +28,10 @@ def experiment_registry() -> dict[str, Callable]:
 
 
 def training_registry() -> dict[str, Callable]:
+  from specjax.training.medusa_train import train_medusa
   from specjax.training.recipes import distill_losses, train_draft_model, train_eagle
-  return {"train_eagle": train_eagle, "train_draft_model": train_draft_model, "distill_losses": distill_losses}
+  return {"train_eagle": train_eagle, "train_draft_model": train_draft_model, "distill_losses": distill_losses,
+          "train_medusa": train_medusa}
 
 
 def _register() -> None:
