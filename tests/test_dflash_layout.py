@@ -1,8 +1,8 @@
 """DFlash drafters in their published layouts (z-lab / SpecForge, and ``speculators``): equal to each project's
 ``DFlashDraftModel`` (recorded by scripts/record_dflash_references.py) at every depth of the block, from the
 prompt's context and after accepted tokens; greedy-exact through the API (chains, static and dynamic trees) and
-lossless under sampling, over the target's vocabulary and a reduced one; refusals in one line before any weight
-is read."""
+lossless under sampling, over the target's vocabulary and a reduced one; in the continuous batcher; refusals in
+one line before any weight is read."""
 from __future__ import annotations
 
 import json
@@ -312,3 +312,25 @@ def test_the_draft_is_checked_before_any_model_loads():
     api.check_draft(api.decode_spec(drafter="dflash", k=2), str(data / "nowhere"))
   api.check_draft(api.decode_spec(drafter="eagle", k=2), str(data / "eagle3" / "specforge"))
   api.check_draft(api.decode_spec(drafter="medusa", k=2), str(data / "medusa" / "k3r1"))
+
+
+def test_the_continuous_batcher_drafts_with_dflash(qwen3, tmp_path):
+  """Requests admitted into slots while others decode (per-row mode: each slot's context cache written from its
+  own B = 1 prefill), with the drafter whose drafts the target accepts: plain greedy tokens, drafts accepted."""
+  from specjax.serving import batcher as bt, factory
+  m = api.load(str(qwen3))
+  ids = json.loads((DATA / "reference.json").read_text())["token_ids"]
+  prompts = [ids[:n] for n in (20, 33, 45, 12)]
+  texts = [m.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+  plain = [g.token_ids for g in api.generate(m, texts, max_new_tokens=12, chat=False, ignore_eos=True)[0]]
+  eng = factory.make_batcher(m, drafter="dflash", policy="fixed", k=3, buckets=(0, 3), slots=2, max_len=128,
+                             draft=str(_constant_drafter(tmp_path, 76)))
+  eng.warmup(64)
+  reqs = [bt.Request(list(p), 12, rid=i) for i, p in enumerate(prompts)]
+  pending = list(reqs)
+  while pending or not all(r.done for r in reqs):
+    if pending:
+      eng.submit(pending.pop(0))
+    eng.step()
+  assert [r.tokens for r in reqs] == plain
+  assert sum(r.drafts_accepted for r in reqs) > 5
