@@ -104,8 +104,13 @@ TINY: dict[str, list[str]] = {
                          "train_eagle.max_new_tokens = 6", "train_eagle.steps = 2", "train_eagle.batch_size = 2",
                          "train_eagle.seq_len = 64", "train_eagle.warmup_steps = 1", "train_eagle.gen_batch_size = 2",
                          "train_eagle.checkpoint_every = 2", "train_eagle.eval_positions = 2"],
+    "medusa_smollm2": ["train_medusa.model = '{model}'", "train_medusa.data_dir = '{data}'",
+                       "train_medusa.num_prompts = 6", "train_medusa.max_new_tokens = 6", "train_medusa.steps = 2",
+                       "train_medusa.num_heads = 2", "train_medusa.batch_size = 2", "train_medusa.seq_len = 32",
+                       "train_medusa.warmup_steps = 1", "train_medusa.checkpoint_every = 2",
+                       "train_medusa.gen_batch_size = 2"],
 }
-TRAINING = ("distill_losses", "draft_smollm2", "eagle_smollm2", "eagle_qwen_coder")
+TRAINING = ("distill_losses", "draft_smollm2", "eagle_smollm2", "eagle_qwen_coder", "medusa_smollm2")
 MESHED = ("multi_device",)          # runs in its own process with two host devices
 
 

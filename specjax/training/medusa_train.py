@@ -81,22 +81,26 @@ def held_out_acceptance(mcfg, params, frozen, store, indices, *, seq_len: int = 
 
 
 def train_medusa(*, run_dir: str, resume: bool = False, model: str = "smollm2-135m", data_dir: str = "",
+                 num_prompts: int = 2400, max_new_tokens: int = 256, gen_batch_size: int = 32,
                  num_heads: int = 4, num_layers: int = 1, loss: str = "fkl", **fit_kw) -> dict:
-  """Train Medusa-1 heads for ``model`` on an existing feature store ``data_dir`` (made by ``train_eagle``, e.g.
-  with ``data_only``: the same data as the feature heads), export them to RUN_DIR/drafter in the published
-  layout, and score them on the held-out sequences; returns a summary (also summary.json).  ``fit_kw``:
-  ``recipes._fit``'s settings (steps, batch_size, seq_len, learning_rate, ...)."""
+  """Train Medusa-1 heads for ``model``: data (once per data directory; the directory ``train_eagle`` makes
+  for the same ``num_prompts`` and ``max_new_tokens``, so the heads compare at equal data), training
+  (``recipes._fit``'s settings: steps, batch_size, seq_len, learning_rate, ...), export to RUN_DIR/drafter in the
+  published layout, held-out 1 − TVD per depth; returns a summary (also summary.json)."""
   from specjax import api
   from specjax.checkpoints import medusa_io
-  from specjax.training import recipes
+  from specjax.training import data as data_lib, prepare, recipes
   if loss not in ("ce",) + losses.KINDS:
     raise SpecjaxError(f"unknown loss '{loss}': choose ce or one of {', '.join(losses.KINDS)}")
-  if not data_dir:
-    raise SpecjaxError("train_medusa needs data_dir: a feature store (make one with train_eagle.data_only = True)")
   run = Path(run_dir).expanduser()
   if run.exists() and any(run.iterdir()) and not resume:
     raise SpecjaxError(f"run directory {run} already exists: pass --resume to continue it, or another --run-dir")
   m = api.load(model)
+  data_dir = Path(data_dir).expanduser() if data_dir else prepare.default_data_dir(model, num_prompts,
+                                                                                    max_new_tokens)
+  prepare.prepare_data(m, data_dir, num_prompts=num_prompts, max_new_tokens=max_new_tokens, extra_prompts=(),
+                       gen_batch_size=gen_batch_size, seed=fit_kw.get("seed", 0),
+                       fused_layers=data_lib.default_fused_layers(m.cfg.num_layers))
   store = eagle_train.FeatureData(data_dir)
   mcfg = medusa.MedusaConfig(m.cfg, num_heads, num_layers)
   head = m.params["embed"] if m.cfg.tie_embeddings else m.params["lm_head"]
