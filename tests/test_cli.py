@@ -165,3 +165,24 @@ def test_draft_weights_reach_a_trained_head_as_its_weight_type():
   args = Namespace(drafter="eagle", k=3, ngram=3, draft_layers=None, ngram_caps="1,3", tree=None, acceptance=None,
                    draft_weights="int4")
   assert common.drafter_kwargs(args)["head_weights"] == "int4"
+
+
+def test_models_describes_a_drafter_directory_and_checks_it_against_a_target(tmp_path):
+  """``models --draft DIR``: the layout, the kind that reads it, what it expects; with ``--model`` the target's
+  config alone is read and a mismatch is one line naming both sides."""
+  data = ROOT / "tests" / "data"
+  proc = specjax("models", "--draft", str(data / "eagle3" / "speculators"), "--json", cache=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  info = json.loads(proc.stdout)
+  assert info["layout"] == "eagle3 (speculators)" and info["drafter"] == "eagle" and info["draft_vocab_size"] == 120
+  target = tmp_path / "t"
+  target.mkdir()
+  (target / "config.json").write_text((data / "hf_families" / "gemma3" / "config.json").read_text())
+  proc = specjax("models", "--draft", str(data / "eagle3" / "speculators"), "--model", str(target), "--json",
+                 cache=tmp_path)
+  assert proc.returncode == 0 and json.loads(proc.stdout)["fits"] == str(target), proc.stderr
+  (target / "config.json").write_text((data / "hf_families" / "llama" / "config.json").read_text())
+  proc = specjax("models", "--draft", str(data / "eagle3" / "speculators"), "--model", str(target), cache=tmp_path)
+  assert_clean_error(proc, "capture layers", "3 layers")
+  proc = specjax("models", "--draft", str(tmp_path), cache=tmp_path)
+  assert_clean_error(proc, "no readable config.json")

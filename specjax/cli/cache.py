@@ -6,7 +6,11 @@ from specjax.cli import common
 
 def register(sub) -> dict:
   """Add the models, cache parsers; returns their commands."""
-  m = sub.add_parser("models", help="list known models and whether each is cached")
+  m = sub.add_parser("models", help="list known models and whether each is cached; with --draft DIR, what a "
+                                     "drafter directory is and what target it expects")
+  m.add_argument("--draft", help="a drafter directory (any layout specjax reads): its layout, the --drafter kind "
+                                 "that reads it, the target it expects")
+  m.add_argument("--model", help="with --draft: check the drafter against this target's config (no weights read)")
   m.add_argument("--json", action="store_true")
 
   c = sub.add_parser("cache", help="what the specjax cache holds (models, converted weights, kernels, "
@@ -19,6 +23,8 @@ def register(sub) -> dict:
 
 def cmd_models(args) -> int:
   from specjax.checkpoints import drafter_io, list_models
+  if args.draft:
+    return _describe_draft(args)
   rows = list_models()
   drafters = drafter_io.list_drafters()
 
@@ -28,6 +34,16 @@ def cmd_models(args) -> int:
     if drafters:
       print_table(drafters, title="trained drafters")
   common.emit({"models": rows, "drafters": drafters}, args.json, lambda o: human(rows))
+  return 0
+
+
+def _describe_draft(args) -> int:
+  from specjax.checkpoints import catalog, drafter_info
+  info = drafter_info.describe(args.draft)
+  if args.model:
+    drafter_info.check(args.draft, catalog.load_config(args.model), args.model)
+    info["fits"] = args.model
+  common.emit(info, args.json, lambda o: print("\n".join(f"{k:>16}: {v}" for k, v in o.items())))
   return 0
 
 
