@@ -106,9 +106,18 @@ def _eagle_dir(m, d):
   return str(drafter_io.save_drafter(d / "eagle", ecfg, tr, target_name=m.source, tokenizer=m.tokenizer))
 
 
+def _eagle3_dir(m, d):
+  """An (untrained) EAGLE-3 head for the tiny model in the speculators layout, as `specjax train` exports one."""
+  from specjax.checkpoints import speculators_io
+  from specjax.speculative import eagle
+  ecfg = eagle.EagleConfig(m.cfg, (0, 1), 32, layout="eagle3")
+  p = eagle.init_eagle3(ecfg, jax.random.PRNGKey(2), head_ids=np.arange(32) * 5 % m.cfg.vocab_size)
+  return str(speculators_io.save_speculators(d / "eagle3", ecfg, {**p, "embed": m.params["embed"]}))
+
+
 @pytest.mark.parametrize("drafter,policy", [("ngram", "adaptive"), ("ngram", "goodput"),
                                             ("layerskip", "goodput"), ("none", "fixed"), ("model", "adaptive"),
-                                            ("eagle", "fixed"), ("suffix", "adaptive")])
+                                            ("eagle", "fixed"), ("eagle3", "fixed"), ("suffix", "adaptive")])
 def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, drafter, policy, tmp_path):
   """Continuous batching with every kind of drafter: stateless (n-gram), the target's own layers, a separate
   draft model with its own KV cache (the target itself here: every draft accepted) and EAGLE (a cache and
@@ -119,6 +128,8 @@ def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, draf
     kw = {"draft": tiny}
   elif drafter == "eagle":
     kw = {"draft": _eagle_dir(tiny, tmp_path)}
+  elif drafter == "eagle3":                     # a published-architecture head, read by the same kind
+    drafter, kw = "eagle", {"draft": _eagle3_dir(tiny, tmp_path)}
   if policy == "goodput":
     eng = bt.ContinuousBatcher(tiny, slots=3, max_len=128, drafter=drafter, buckets=BUCKETS,
                                policy=pol.GoodputOptimal(BUCKETS, step_s, draft_s), **kw)
