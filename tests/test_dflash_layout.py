@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specjax import api
-from specjax.checkpoints import dflash_io, drafter_io
+from specjax.checkpoints import dflash_io, drafter_io, weights_file
 from specjax.checkpoints.safetensors_loader import load_hf_dir
 from specjax.errors import SpecjaxError
 from specjax.models import decoder as M
@@ -262,7 +262,7 @@ def test_bad_weights_are_refused_in_one_line(pair, tmp_path, monkeypatch):
   def unread(f):
     raise AssertionError(f"{f} was read")
   with monkeypatch.context() as mp:
-    mp.setattr(dflash_io, "_read", unread)
+    mp.setattr(weights_file, "read", unread)
     for e, (_, msg) in zip(edited, WEIGHT_CASES[layout]):
       with pytest.raises(SpecjaxError, match=msg):
         drafter_io.load_drafter(e, cfg, params, tok)

@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.checkpoints.pickled import conversion_advice
+from specjax.checkpoints import weights_file
 from specjax.errors import SpecjaxError
 from specjax.models.config import ModelConfig
 
-WEIGHTS, PICKLE = "model.safetensors", "pytorch_model.bin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,37 +200,6 @@ def _expected(desc: DFlashDescription, D: int, V: int) -> dict[str, tuple[int, .
   return need
 
 
-def _checked_file(path: Path, need: dict) -> Path:
-  """The weights file, its header checked against ``need`` (names and shapes) before any tensor is read."""
-  from safetensors import SafetensorError, safe_open
-  f = path / WEIGHTS
-  if not f.is_file():
-    if (path / PICKLE).is_file():
-      raise SpecjaxError(conversion_advice(path / PICKLE, f))
-    raise SpecjaxError(f"{path}: no {WEIGHTS} (a DFlash drafter directory holds config.json and {WEIGHTS})")
-  try:
-    with safe_open(str(f), framework="numpy") as h:
-      shapes = {k: tuple(h.get_slice(k).get_shape()) for k in h.keys()}
-  except (SafetensorError, OSError, ValueError) as e:
-    raise SpecjaxError(f"{f} is damaged ({' '.join(str(e).split())})") from e
-  for name, shape in need.items():
-    if name not in shapes:
-      raise SpecjaxError(f"{f} lacks '{name}'" + (": a reduced draft vocabulary needs its d2t map" if name == "d2t"
-                                                 else ": not a DFlash drafter of the layout its config.json describes"))
-    if shapes[name] != shape:
-      raise SpecjaxError(f"{f}: '{name}' has shape {shapes[name]}, config.json and the target say {shape}")
-  return f
-
-
-def _read(f: Path) -> dict[str, np.ndarray]:
-  from safetensors import SafetensorError
-  from safetensors.numpy import load_file
-  try:
-    return load_file(str(f))
-  except (SafetensorError, OSError, ValueError) as e:
-    raise SpecjaxError(f"{f} is damaged ({' '.join(str(e).split())})") from e
-
-
 def _params(t: dict, desc: DFlashDescription) -> dict:
   """The tensors in ``dflash.py``'s names (float32 numpy; layers stacked on a leading axis)."""
   def layer(i: int) -> dict:
@@ -272,8 +240,8 @@ def load_dflash(path, target_cfg: ModelConfig, target_params, target_name: str =
   path = Path(path)
   desc = describe(path, target_cfg, target_name)
   V = target_cfg.vocab_size
-  f = _checked_file(path, _expected(desc, target_cfg.d_model, V))
-  t = _read(f)
+  f = weights_file.checked(path, _expected(desc, target_cfg.d_model, V), "a DFlash drafter")
+  t = weights_file.read(f)
   head_ids = _head_ids(f, t, desc.layer.vocab_size, V)
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _params(t, desc))
   dcfg = dflash.DFlashConfig(target_cfg, desc.layer, desc.taps, desc.block_size, desc.mask_token_id)

@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from specjax.checkpoints.pickled import conversion_advice
+from specjax.checkpoints import weights_file
 from specjax.errors import SpecjaxError
 
-WEIGHTS, PICKLE = "model.safetensors", "pytorch_model.bin"
 _LAYER = ("hidden_norm", "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
           "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 # The layer fields a published drafter may set for itself (ModelConfig names).
@@ -172,37 +171,6 @@ def _expected(desc: Eagle3Description, D: int, V: int) -> dict[str, tuple[int, .
   return need
 
 
-def _checked_file(path: Path, need: dict) -> Path:
-  """The weights file, its header checked against ``need`` (names and shapes) before any tensor is read."""
-  from safetensors import SafetensorError, safe_open
-  f = path / WEIGHTS
-  if not f.is_file():
-    if (path / PICKLE).is_file():
-      raise SpecjaxError(conversion_advice(path / PICKLE, f))
-    raise SpecjaxError(f"{path}: no {WEIGHTS} (an EAGLE-3 drafter directory holds config.json and {WEIGHTS})")
-  try:
-    with safe_open(str(f), framework="numpy") as h:
-      shapes = {k: tuple(h.get_slice(k).get_shape()) for k in h.keys()}
-  except (SafetensorError, OSError, ValueError) as e:
-    raise SpecjaxError(f"{f} is damaged ({' '.join(str(e).split())})") from e
-  for name, shape in need.items():
-    if name not in shapes:
-      raise SpecjaxError(f"{f} lacks '{name}'" + (": a reduced draft vocabulary needs its d2t map"
-                                                 if name == "d2t" else ": not an EAGLE-3 drafter of this layout"))
-    if shape is not None and shapes[name] != shape:
-      raise SpecjaxError(f"{f}: '{name}' has shape {shapes[name]}, expected {shape}")
-  return f
-
-
-def _read(f: Path) -> dict[str, np.ndarray]:
-  from safetensors import SafetensorError
-  from safetensors.numpy import load_file
-  try:
-    return load_file(str(f))
-  except (SafetensorError, OSError, ValueError) as e:
-    raise SpecjaxError(f"{f} is damaged ({' '.join(str(e).split())})") from e
-
-
 def _head_ids(f: Path, t: dict, desc: Eagle3Description, V: int) -> np.ndarray | None:
   if desc.draft_vocab == V:
     if "d2t" in t and np.any(t["d2t"]):
@@ -248,8 +216,8 @@ def load_eagle3(path, target_cfg, target_params, target_name: str = ""):
   path = Path(path)
   desc = describe(path, target_cfg, target_name)
   D, V = target_cfg.d_model, target_cfg.vocab_size
-  f = _checked_file(path, _expected(desc, D, V))
-  t = _read(f)
+  f = weights_file.checked(path, _expected(desc, D, V), "an EAGLE-3 drafter")
+  t = weights_file.read(f)
   head_ids = _head_ids(f, t, desc, V)
   layer = desc.layer + ((("final_norm", False),) if not desc.head_norm else ())
   ecfg = eagle.EagleConfig(target_cfg, desc.taps, desc.draft_vocab if head_ids is not None else 0,
