@@ -24,12 +24,12 @@ A pickled ``pytorch_model.bin`` is refused with the one-line conversion.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 
 from specjax.checkpoints import weights_file
+from specjax.checkpoints.weights_file import read_config
 from specjax.errors import SpecjaxError
 from specjax.models.config import ModelConfig
 
@@ -43,14 +43,6 @@ class DFlashDescription:
   taps: tuple[int, ...]               # specjax taps: the output of these target layers
   block_size: int
   mask_token_id: int
-
-
-def read_config(path) -> dict | None:
-  try:
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-  except (OSError, json.JSONDecodeError):
-    return None
-  return config if isinstance(config, dict) else None
 
 
 def layout_of(config: dict | None) -> str | None:

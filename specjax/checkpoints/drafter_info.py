@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specjax.checkpoints import weights_file
 from specjax.errors import SpecjaxError
 
 
@@ -58,7 +59,7 @@ def describe(path) -> dict:
   """A dict of what the directory holds (config.json only); one line if it is not a drafter's."""
   from specjax.checkpoints import dflash_io, drafter_io, eagle1_io, eagle3_io, medusa_io
   path = Path(path).expanduser()
-  config = eagle3_io.read_config(path)
+  config = weights_file.read_config(path)
   if config is None:
     raise SpecjaxError(f"{path}: no readable config.json (a drafter directory holds one)")
   for is_layout, what in ((dflash_io.is_dflash_dir, _dflash), (eagle3_io.is_eagle3_dir, _eagle3),
@@ -79,7 +80,7 @@ def check(path, target_cfg, target_name: str = "") -> None:
   elif info["layout"].startswith("dflash"):
     dflash_io.describe(path, target_cfg, name)
   elif info["layout"].startswith("eagle1"):
-    eagle1_io._check_config(path, eagle3_io.read_config(path), target_cfg)
+    eagle1_io._check_config(path, weights_file.read_config(path), target_cfg)
   elif info["layout"] == "specjax" and (info["hidden_size"], info["vocab_size"]) != (target_cfg.d_model,
                                                                                      target_cfg.vocab_size):
     raise SpecjaxError(f"drafter {path} was trained for '{info['target']}' (vocabulary {info['vocab_size']}, "

@@ -21,13 +21,13 @@ Target id = draft id + d2t[draft id]; without ``d2t`` the draft vocabulary must 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specjax.checkpoints import weights_file
+from specjax.checkpoints.weights_file import read_config
 from specjax.errors import SpecjaxError
 
 _LAYER = ("hidden_norm", "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
@@ -50,14 +50,6 @@ class Eagle3Description:
   head_norm: bool = True                # SpecForge's norm_output=False: the head reads the un-normed output
   fc_norm: bool = False
   norm_before_fc: bool = False
-
-
-def read_config(path: Path) -> dict | None:
-  try:
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-  except (OSError, json.JSONDecodeError):
-    return None
-  return config if isinstance(config, dict) else None
 
 
 def layout_of(config: dict | None) -> str | None:

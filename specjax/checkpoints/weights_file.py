@@ -1,8 +1,9 @@
-"""A published drafter's ``model.safetensors``: its header checked against the tensors its config.json implies
+"""A published drafter's files: its ``config.json`` parsed (``read_config``), and its ``model.safetensors``, its header checked against the tensors its config.json implies
 (names and shapes) before any tensor is read, then read; the one-line refusals shared by the published-layout
 loaders (a missing file, a pickle in its place, a damaged file, a missing or misshapen tensor)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,15 @@ from specjax.checkpoints.pickled import conversion_advice
 from specjax.errors import SpecjaxError
 
 WEIGHTS, PICKLE = "model.safetensors", "pytorch_model.bin"
+
+
+def read_config(path) -> dict | None:
+  """The directory's config.json as a dict, or None (missing, unreadable, not an object)."""
+  try:
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+  except (OSError, json.JSONDecodeError):
+    return None
+  return config if isinstance(config, dict) else None
 
 
 def checked(path: Path, need: dict, what: str) -> Path:
