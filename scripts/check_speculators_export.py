@@ -35,7 +35,12 @@ def record(drafter_dir: str, gguf: str, out: str) -> None:
   target = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                              dtype=torch.float32).eval()
   tmp = Path(tempfile.mkdtemp())
-  target.save_pretrained(tmp / "target")
+  config = target.config                        # a plain copy of the dequantized model: GGUF ones do not save
+  if hasattr(config, "quantization_config"):
+    del config.quantization_config
+  plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+  plain.load_state_dict(target.state_dict())
+  plain.save_pretrained(tmp / "target")
   config = json.loads((Path(drafter_dir) / "config.json").read_text())
   shutil.copytree(drafter_dir, tmp / "drafter")
   (tmp / "drafter" / "config.json").write_text(json.dumps(
