@@ -116,6 +116,7 @@ def train_medusa(*, run_dir: str, resume: bool = False, model: str = "smollm2-13
   ev = held_out_acceptance(mcfg, params, frozen, store, res["held_idx"],
                            seq_len=res["settings"].get("seq_len", 512))
   summary = {"run_dir": str(run), "drafter": str(out), "data_dir": str(data_dir), "train_s": res["train_s"],
+             "steps": res["settings"]["steps"], "data_tokens": int(store.meta["tokens"]),
              "final_loss": res["final_loss"], "held_out_sequences": int(len(res["held_idx"])), **ev,
              "eval_s": time.perf_counter() - t0, "settings": res["settings"]}
   (run / "summary.json").write_text(json.dumps(summary, indent=1))
