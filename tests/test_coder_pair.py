@@ -376,10 +376,12 @@ def test_bad_pairs_and_long_prompts_are_one_line_errors(tmp_path, qwen_gguf, mon
   other = QWEN.replace(vocab_size=QWEN.vocab_size + 8, num_layers=1)     # another tokenizer's vocabulary size
   wrong = write_gguf(tmp_path / "other.gguf", other, random_hf_params(other, seed=9), arch="qwen2",
                      permute=False, pre="qwen2")
+  # A draft whose vocabulary is larger but spells the same tokens drafts (what it cannot propose has q = 0; a
+  # pair sharing almost nothing is refused: tests/test_cli.py).
   rc = cli.main(["generate", "--model", str(qwen_gguf), "--drafter", "model", "--draft", str(wrong),
                  "--prompt", "hello", "--max-new-tokens", "4"])
-  err = capsys.readouterr().err.strip().splitlines()[-1]
-  assert rc == 2 and err.startswith("specjax: error: draft model") and "tokenizer" in err
+  assert rc == 0, capsys.readouterr().err
+  capsys.readouterr()
   rc = cli.main(["generate", "--model", str(qwen_gguf), "--prompt", "hello world " * 200, "--max-len", "256",
                  "--max-new-tokens", "4"])
   err = capsys.readouterr().err.strip().splitlines()[-1]
