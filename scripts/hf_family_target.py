@@ -23,3 +23,13 @@ def family_target(name: str = "llama"):
   weights = family_tensors([(n, s) for n, s in ref["tensors"]], ref["seed"], ref["norm_center"])
   model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
   return model, ref["token_ids"]
+
+
+def draft_vocab(V: int, Vd: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+  """A draft vocabulary of Vd target ids (ascending), as EAGLE-3 and speculators' DFlash store it: (d2t
+  offsets [Vd]: target id = draft id + d2t[draft id], t2d mask [V])."""
+  g = torch.Generator().manual_seed(seed)
+  ids = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
+  t2d = torch.zeros(V, dtype=torch.bool)
+  t2d[ids] = True
+  return ids - torch.arange(Vd), t2d

@@ -42,7 +42,7 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from hf_family_target import family_target  # noqa: E402
+from hf_family_target import draft_vocab as _draft_vocab, family_target  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "dflash"
 ANCHORS = [6, 23, 47, 80]          # the block's first position s (its token is the text's, the rest masks)
@@ -104,15 +104,6 @@ def record_zlab() -> None:
       "package": "specforge 0.2.0", "torch": torch.__version__, "transformers": transformers.__version__,
       "target": "qwen3", "token_ids": list(ids), "cases": cases}))
   print(out, sorted(p.name for p in out.iterdir()), [(c["anchor"], c["top1_target"]) for c in cases])
-
-
-def _draft_vocab(V: int, Vd: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-  """A draft vocabulary of Vd target ids (ascending): (d2t offsets [Vd], t2d mask [V])."""
-  g = torch.Generator().manual_seed(seed)
-  ids = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
-  t2d = torch.zeros(V, dtype=torch.bool)
-  t2d[ids] = True
-  return ids - torch.arange(Vd), t2d
 
 
 def record_speculators() -> None:

@@ -41,20 +41,11 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from hf_family_target import family_target  # noqa: E402
+from hf_family_target import draft_vocab as _draft_vocab, family_target  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "eagle3"
 POSITIONS = [5, 19, 40, 71, 90]      # index t of the pair (feature t, token t + 1); steps read up to t + 3
 STEPS = 3
-
-
-def _draft_vocab(V: int, Vd: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-  """A draft vocabulary of Vd target ids (ascending): (d2t offsets [Vd], t2d mask [V])."""
-  g = torch.Generator().manual_seed(seed)
-  ids = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
-  t2d = torch.zeros(V, dtype=torch.bool)
-  t2d[ids] = True
-  return ids - torch.arange(Vd), t2d
 
 
 def _randomize(model, skip=()) -> None:
