@@ -37,6 +37,11 @@ TEXT = (
     "rather than memory sets the pace at a smaller batch.")
 
 
+# Perplexity is also measured with the text fed VERIFY_BLOCK tokens at a time (a verification of k = 4), so that
+# the decode-sized kernels compute it (integer activations among them); the other column is one prefill.
+VERIFY_BLOCK = 5
+
+
 def speculation_ceiling(verify_ms_by_rows: dict) -> tuple[float, int] | None:
   """The speedup an oracle drafter would reach on this machine: always right and free, a chain of T - 1
   commits T tokens for one T-row verification, so its speedup is T * t(1) / t(T); the best T of those
@@ -52,10 +57,17 @@ def speculation_ceiling(verify_ms_by_rows: dict) -> tuple[float, int] | None:
 
 def with_weights(m: api.Model, name: str, kind: str) -> api.Model:
   """The model at weight type ``kind``, loaded as ``--weights kind`` loads it (a GGUF model's quantized
-  tensors come from the converted-weight cache after the first load)."""
+  tensors come from the converted-weight cache after the first load).  ``kind`` may name the activations the
+  int8/int4 matmuls take, as ``--activations`` does: ``int4+int8``, ``int8+fp32``, ``int4+int8-256``."""
+  weights, _, acts = kind.partition("+")
   if kind == "fp32":
     return m
-  return api.load(name, dtype="float32", weights=kind)
+  return api.load(name, dtype="float32", weights=weights, activations=acts or "auto")
+
+
+def weight_kind(kind: str) -> str:
+  """The weight type of a ``kinds`` entry (``int4+int8`` -> ``int4``)."""
+  return kind.partition("+")[0]
 
 
 def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"), prompts: str = "specjax-prompts",
@@ -100,7 +112,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
       layers = api.parse_layers(sp.get("draft_layers"), mk.cfg.num_layers) if kind.layers else None
       plan[f"{k} {name}"] = (sp["k"], kind.priced,
                              drafter_registry.draft_config(kind, mk.cfg, None if d is None else d.cfg, layers),
-                             k if d is None else quant.weights_kind(d.params))
+                             weight_kind(k) if d is None else quant.weights_kind(d.params))
   timer = bench.Timer(log)
   for meth, mk in zip(methods, owner):        # warm-up (compiles each method)
     arr, lens, _ = batches[0]
@@ -123,8 +135,9 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
     mk = models[k]
     plain = tps_of[f"{k} plain"]
     ppl = api.score(mk, text).perplexity
+    ppl_verify = api.score(mk, text, block=VERIFY_BLOCK).perplexity   # what the decode-sized kernels compute
     verify = {T: time_forward(mk, 1, T, context, verify_repeats) * 1e3 for T in rows}
-    predicted = {T: costmodel.step_time(spec, mk.cfg, 1, T, context, weights=k) * 1e3 for T in rows}
+    predicted = {T: costmodel.step_time(spec, mk.cfg, 1, T, context, weights=weight_kind(k)) * 1e3 for T in rows}
     ceiling = speculation_ceiling(verify)
     row = {"weights": k, "weight_bytes": mk.weight_bytes, "bits_per_weight": round(8 * mk.weight_bytes / max(
                1, sum(int(np.prod(x.shape)) for x in _matrices(mk.params))), 2),
@@ -133,6 +146,8 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
            "roofline_fraction": round(plain * _bytes_per_step(mk) / (bw * 1e9), 3),
            "perplexity": round(ppl, 4),
            "perplexity_vs_fp32": None if ppl_fp32 is None else round(ppl / ppl_fp32 - 1, 5),
+           "perplexity_verify": round(ppl_verify, 4),
+           "perplexity_verify_vs_fp32": None if ppl_fp32 is None else round(ppl_verify / ppl_fp32 - 1, 5),
            **{f"verify_ms_T{T}": round(v, 3) for T, v in verify.items()},
            **{f"predicted_verify_ms_T{T}": round(v, 3) for T, v in predicted.items()},
            "oracle_ceiling": None if ceiling is None else round(ceiling[0], 3),
@@ -142,7 +157,7 @@ def weights(model: str = "smollm2-135m", kinds=("fp32", "bf16", "int8", "int4"),
         name = label[len(k) + 1:]
         same = bench.identical_outputs(outputs_of[f"{k} plain"], outputs_of[label])
         row[f"speedup_{name}"] = round(t / plain, 3)
-        pred = _predicted_speedup(spec, mk, k, *plan[label], *stats_of[label])
+        pred = _predicted_speedup(spec, mk, weight_kind(k), *plan[label], *stats_of[label])
         row[f"predicted_speedup_{name}"] = None if pred is None else round(pred, 3)
         row[f"identical_{name}"] = f"{same[0]}/{same[1]}"
     table.append(row)

@@ -293,18 +293,43 @@ def _score_logprobs(params, tokens_1xT, *, cfg, dtype):
   return jnp.take_along_axis(logp, tokens_1xT[:, 1:, None], axis=-1)[..., 0]
 
 
-def score(m: Model, text: str) -> ScoreResult:
-  """Per-token log-probabilities and perplexity of a raw text (no chat template)."""
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype", "block"))
+def _score_logprobs_by_block(params, tokens_1xT, *, cfg, dtype, block):
+  """As ``_score_logprobs``, but the text goes through the cache ``block`` tokens at a time, as decoding
+  (block 1) or a verification (block k + 1) feeds it: the numbers the decode-sized kernels compute."""
+  T = tokens_1xT.shape[1]
+
+  def step(cache, i):
+    toks_1xJ = jax.lax.dynamic_slice(tokens_1xT, (0, i * block), (1, block))
+    out = model_lib.forward(params, cfg, toks_1xJ, i * block + jnp.arange(block)[None], cache)
+    return out.cache, jax.nn.log_softmax(out.logits[0].astype(jnp.float32), axis=-1)
+
+  _, logp_NxJxV = jax.lax.scan(step, init_cache(cfg, 1, T, dtype), jnp.arange(T // block))
+  logp_TxV = logp_NxJxV.reshape(T, -1)[:-1]
+  return jnp.take_along_axis(logp_TxV, tokens_1xT[0, 1:, None], axis=-1)[None, :, 0]
+
+
+def score(m: Model, text: str, block: int | None = None) -> ScoreResult:
+  """Per-token log-probabilities and perplexity of a raw text (no chat template).  ``block``: feed the text
+  that many tokens at a time through the cache (1 as plain decoding does, 5 as a verification of k = 4),
+  so the decode-sized kernels compute it; None: one forward (a prefill)."""
   ids = m.tokenizer.encode(text)
   if len(ids) < 2:
     raise SpecjaxError("text must have at least two tokens to score")
   if len(ids) > m.cfg.max_position:
     raise SpecjaxError(f"text has {len(ids)} tokens, more than the model's context of "
                        f"{m.cfg.max_position}: score a shorter text")
+  if block is not None and not 1 <= block <= 64:
+    raise SpecjaxError(f"score block {block}: use 1..64 tokens (a decode step or a verification)")
   T = buffers.round_up(len(ids), buffers.PROMPT_BUCKET)
+  T = T if block is None else -(-T // block) * block
   arr = np.zeros((1, T), np.int32)
   arr[0, :len(ids)] = ids
-  lp = np.asarray(_score_logprobs(m.exec_params, jnp.asarray(arr), cfg=m.cfg, dtype=m.dtype))
+  if block is None:
+    lp = np.asarray(_score_logprobs(m.exec_params, jnp.asarray(arr), cfg=m.cfg, dtype=m.dtype))
+  else:
+    lp = np.asarray(_score_logprobs_by_block(m.exec_params, jnp.asarray(arr), cfg=m.cfg, dtype=m.dtype,
+                                             block=block))
   lp = lp[0, :len(ids) - 1].astype(float)
   pieces = [m.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
   return ScoreResult(token_ids=ids, tokens=pieces, logprobs=lp.tolist(),

@@ -13,6 +13,9 @@ Each is read when asked for, not at import, so a test (or a caller) that changes
   SPECJAX_EMULATE_SIMD   1: build the kernels with emulated vector intrinsics (tests of every path on any x86)
   CXX                    the C++ compiler for the native kernels (else c++, g++ or clang++ on PATH)
   SPECJAX_ATTENTION      force the attention path: native, pallas or xla
+  SPECJAX_ACTIVATIONS    what int8/int4 weights multiply in decode-sized matmuls: fp32 activations, or int8
+                         (int8-256: one x scale per 256 columns) on integer dot products (kernels/cpu_qdot.py);
+                         unset: the default there
   SPECJAX_COMPILE_CACHE  0: no persistent compilation cache
   SPECJAX_WEIGHT_CACHE   0: no converted-weight cache (every load converts again)
   SPECJAX_HUGE_PAGES     1: on the CPU, the weights a decode step reads copied into 2 MB pages at load
@@ -47,6 +50,11 @@ def kernel_dir() -> Path | None:
 def native_wanted() -> bool:
   """False only under SPECJAX_NATIVE=0 (then the kernels are neither built nor used)."""
   return os.environ.get("SPECJAX_NATIVE", "1").strip() != "0"
+
+
+def activations() -> str | None:
+  """SPECJAX_ACTIVATIONS, or None when unset (validated by kernels/dispatch.py)."""
+  return os.environ.get("SPECJAX_ACTIVATIONS", "").strip() or None
 
 
 def native_mode() -> str:

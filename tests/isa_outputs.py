@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import quant
-from specjax.kernels import cpu_attention, cpu_matmul, cpu_qmatmul, native
+from specjax.kernels import cpu_attention, cpu_matmul, cpu_qdot, cpu_qmatmul, native
 
 
 def _inputs():
@@ -60,6 +60,9 @@ def outputs() -> dict[str, np.ndarray]:
       out[f"{path}/attention/{i}"] = np.asarray(att(q, k, v, 0, lengths, mask))
     for i, (x, w) in enumerate(quants):
       out[f"{path}/qmatmul/{i}"] = np.asarray(qmm(x, w))
+      if cpu_qdot.applies(w):
+        for xblock in (32, 256):
+          out[f"{path}/qdot{xblock}/{i}"] = np.asarray(cpu_qdot.qdot_t_native(x, w, xblock=xblock))
   native.set_isa(best)
   return out
 

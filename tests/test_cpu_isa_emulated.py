@@ -2,9 +2,10 @@
 vector intrinsics from SIMDe's portable C (isa.h), so every path's tests run on any x86-64 machine.
 
 Two checks, each in a subprocess (a process loads one kernel library):
-1. the per-path tests of test_cpu_isa.py, the per-path live-row test and the quantized kernel's per-path tests
-   (test_quant.py) pass with every path emulated -- on a CPU that lacks a path (on one with every path, those
-   tests ran each path natively, and check 2 shows the emulation computes the same bits: 73 s saved);
+1. the per-path tests of test_cpu_isa.py, the per-path live-row test and the quantized kernels' per-path tests
+   (test_quant.py; test_qdot.py, whose AVX-512 path is VNNI's) pass with every path emulated -- on a CPU that
+   lacks a path (on one with every path, those tests ran each path natively, and check 2 shows the emulation
+   computes the same bits: 73 s saved);
 2. the emulation computes the hardware's bits: each path this CPU really has gives the same outputs, bit for
    bit, emulated and native (AVX2 on an AVX2 machine; AVX2 and AVX-512 on an AVX-512 one).  The emulated
    `_mm512_reduce_add_ps` adds in GCC's order (isa.h); a library built by another compiler may differ there.
@@ -42,7 +43,9 @@ def test_every_path_passes_its_tests_under_emulation():
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
        "tests/test_cpu_isa.py", "tests/test_cpu_matmul.py::test_live_rows_per_group",
-       "tests/test_quant.py::test_kernel_equals_reference", "tests/test_quant.py::test_kernel_live_rows_and_row_bits"],
+       "tests/test_quant.py::test_kernel_equals_reference", "tests/test_quant.py::test_kernel_live_rows_and_row_bits",
+       "tests/test_qdot.py::test_each_path_equals_the_integer_reference",
+       "tests/test_qdot.py::test_a_row_has_the_same_bits_however_many_rows"],
       cwd=ROOT, env=_emulated_env(), capture_output=True, text=True, timeout=900)
   tail = proc.stdout[-3000:] + proc.stderr[-2000:]
   assert proc.returncode == 0, tail

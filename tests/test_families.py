@@ -84,14 +84,16 @@ def test_transformers4_spelling_loads_the_same(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_score_and_generate_through_the_api(tmp_path, name):
-  """The product path: ``api.load`` (the native kernels where they apply), ``score`` over the text and greedy
-  ``generate`` from its first tokens, equal to transformers."""
+  """The product path: ``api.load`` (the native kernels where they apply), ``score`` over the text (in one
+  forward, and fed 5 tokens at a time through the cache as a verification is) and greedy ``generate`` from its
+  first tokens, equal to transformers."""
   d, ref = write_family(tmp_path, name)
   m = api.load(str(d))
   text = m.tokenizer.decode(ref["token_ids"], skip_special_tokens=False)
-  s = api.score(m, text)
-  assert s.token_ids == ref["token_ids"]
-  np.testing.assert_allclose(s.logprobs, ref["logprobs"], atol=1e-4, rtol=0)
+  for block in (None, 5):
+    s = api.score(m, text, block=block)
+    assert s.token_ids == ref["token_ids"]
+    np.testing.assert_allclose(s.logprobs, ref["logprobs"], atol=1e-4, rtol=0, err_msg=f"block {block}")
   prefix = m.tokenizer.decode(ref["token_ids"][:ref["prefix"]], skip_special_tokens=False)
   gens, _ = api.generate(m, [prefix], max_new_tokens=len(ref["greedy"]), chat=False, ignore_eos=True)
   assert gens[0].token_ids == ref["greedy"]

@@ -203,9 +203,9 @@ def test_prefill_blocks_take_xla_and_decode_takes_the_kernel():
     ref = cpu_qmatmul.qmatmul_t_reference(x.reshape(B * T, 64), w).reshape(B, T, 24)
     assert _rel(f(x), ref) <= 1e-5, (B, T)
 
-def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.SamplingParams()):
+def _run(target, drafter, dparams, K, prompts, lens, max_new, sp=sampling.SamplingParams(), cfg=None):
   B = prompts.shape[0]
-  eng = Engine(cfg=CFG, drafter=drafter, k_max=K, sp=sp, buckets=BUCKETS)
+  eng = Engine(cfg=cfg or CFG, drafter=drafter, k_max=K, sp=sp, buckets=BUCKETS)
   cache = kv_cache.init_cache(CFG, B, 64)
   st = generate(target, dparams, cache, jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(max_new),
                 jnp.full((B,), K, jnp.int32), jax.random.PRNGKey(0), engine=eng)

@@ -4,6 +4,9 @@ timed as one chain of native kernel calls for M = 1, 2, 4, 8 rows of x.
 
   python scripts/probes/bench_qmatmul.py [--kinds fp32,bf16,int8,int4] [--rows 1,2,4,8] [--layers 28] [--json]
 
+A kind may name the activations too: ``int4+int8`` (or ``int8+int8-256``) runs the integer-dot kernel
+(cpu_qdot.cc: x quantized to int8 with 32- or 256-column scales) instead of the fp32-activation one.
+
 Prints ms per pass, G weights/s and GB/s of weight bytes read, and each type's ratio over fp32 at one row:
 the ceiling that plain decoding at that type can reach over fp32 on this machine (the rest of a step —
 attention, norms, the head — comes on top).  Medians of repeated passes; compare within one run.
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.measure import provenance
-from specjax.kernels import cpu_matmul, cpu_qmatmul, native
+from specjax.kernels import cpu_matmul, cpu_qdot, cpu_qmatmul, native
 from specjax.kernels import qformat
 
 SHAPES_15B = dict(D=1536, qkv=2048, F=8960)
@@ -61,11 +64,16 @@ def main():
   shapes = layer_shapes(**SHAPES_15B) * args.layers
   rows = [int(r) for r in args.rows.split(",")]
   results = {"machine": provenance.describe(), "layers": args.layers, "kinds": {}}
-  for kind in args.kinds.split(","):
+  for spec in args.kinds.split(","):
+    kind, _, acts = spec.partition("+")
     ws = [random_weight(kind, N, D, rng) for N, D in shapes]
     total = sum(nbytes(w) for w in ws)
     weights = sum(N * D for N, D in shapes)
     mm = cpu_matmul.matmul_t_native if kind == "fp32" else cpu_qmatmul.qmatmul_t_native
+    if acts:
+      xblock = cpu_qdot.ACTIVATIONS[acts]
+      mm = lambda x, w, xblock=xblock: cpu_qdot.qdot_t_native(x, w, xblock=xblock)   # noqa: E731
+    kind = spec
 
     @jax.jit
     def run(ws, xs):
@@ -73,7 +81,7 @@ def main():
 
     out = {"bytes": total, "weights": weights, "rows": {}}
     for M in rows:
-      xs = {D: jnp.full((M, D), 0.01, jnp.float32) for D in {d for _, d in shapes}}
+      xs = {D: jnp.asarray(rng.standard_normal((M, D)), jnp.float32) for D in {d for _, d in shapes}}
       jax.block_until_ready(run(ws, xs))
       times = []
       for _ in range(args.repeats):
@@ -82,7 +90,7 @@ def main():
         times.append(time.perf_counter() - t0)
       ms = float(np.median(times)) * 1e3
       out["rows"][M] = {"ms": ms, "gweights_s": weights / ms / 1e6, "gbs": total / ms / 1e6}
-      print(f"{kind:5s} M={M:2d} {ms:8.2f} ms  {weights / ms / 1e6:6.1f} G weights/s  {total / ms / 1e6:6.1f} GB/s",
+      print(f"{kind:9s} M={M:2d} {ms:8.2f} ms  {weights / ms / 1e6:6.1f} G weights/s  {total / ms / 1e6:6.1f} GB/s",
             flush=True)
     results["kinds"][kind] = out
     del ws
@@ -90,7 +98,7 @@ def main():
     base = results["kinds"]["fp32"]["rows"]
     for kind, out in results["kinds"].items():
       out["vs_fp32"] = {M: base[M]["ms"] / r["ms"] for M, r in out["rows"].items() if M in base}
-      print(f"{kind:5s} vs fp32: " + "  ".join(f"M={M} {v:.2f}x" for M, v in out["vs_fp32"].items()))
+      print(f"{kind:9s} vs fp32: " + "  ".join(f"M={M} {v:.2f}x" for M, v in out["vs_fp32"].items()))
   if args.json:
     print(json.dumps(results))
 

@@ -50,6 +50,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--weights", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
                  help="the weights' type, quantized at load and widened inside the matmuls (int8: a scale per "
                       "64 inputs; int4: scale and offset per 32, embedding and head int8); auto: --dtype's")
+  p.add_argument("--activations", default="auto", choices=["auto", *flags.ACTIVATIONS],
+                 help="what int8/int4 weights multiply when decoding and verifying: fp32 activations, or int8 "
+                      "on integer dot products (int8-64, int8-256: one scale per 64 or 256 inputs, else 32); "
+                      "auto: $SPECJAX_ACTIVATIONS, else the default (docs/guides/quantized-weights.md)")
   p.add_argument("--draft-weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
                  help="the draft model's or trained head's weight type (default: --weights; a head's "
                       "layer, input projections and head rows)")
@@ -209,7 +213,7 @@ def load_model(args):
   dtype = api.default_dtype() if args.dtype == "auto" else args.dtype
   weights = getattr(args, "weights", "auto")
   log(f"[specjax] loading {args.model} ({dtype}{'' if weights == 'auto' else f', {weights} weights'})")
-  m = api.load(args.model, dtype=dtype, weights=weights)
+  m = api.load(args.model, dtype=dtype, weights=weights, activations=getattr(args, "activations", "auto"))
   log(f"[specjax] loaded in {m.load_s:.1f}s")
   return m
 

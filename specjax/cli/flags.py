@@ -11,6 +11,10 @@ import math
 import sys
 
 
+# --activations (kernels/cpu_qdot.ACTIVATIONS, named here so that --help imports no jax; a test keeps them equal)
+ACTIVATIONS = ("fp32", "int8", "int8-64", "int8-256")
+
+
 class Parser(argparse.ArgumentParser):
   """argparse's parser, with its errors as one line (the usage it would print is one ``--help`` away).
 

@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.kernels import cpu_matmul, dispatch, native
+from specjax.kernels import cpu_matmul, cpu_qdot, dispatch, native
 from specjax.kernels import qformat as quant
 
 MAX_ROWS = dispatch.MATMUL_NATIVE_MAX_ROWS
@@ -70,8 +70,16 @@ def qmatmul_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
 def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
               backends: dispatch.Backends | None = None) -> jax.Array:
   """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``).  ``group``:
-  the new tokens per sequence (rows come in groups of it)."""
+  the new tokens per sequence (rows come in groups of it).  With integer activations (``backends.activations``)
+  decode-sized calls take ``cpu_qdot``: its kernel on the CPU, its int8-dot reference on an accelerator."""
   backends = backends or dispatch.resolve()
+  xblock = cpu_qdot.ACTIVATIONS[backends.activations] if cpu_qdot.applies(w) else None
+  if xblock and dispatch.native_quant_applies(backends, x_MxD.dtype, group):
+    return cpu_matmul.by_rows(x_MxD.shape[0], live, group,
+                              lambda lv: cpu_qdot.qdot_t_native(x_MxD, w, lv, group, xblock),
+                              lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))
+  if xblock and group <= dispatch.QUANT_NATIVE_MAX_TOKENS and not native.available():
+    return cpu_qdot.qdot_t_reference(x_MxD, w, live, group, xblock).astype(x_MxD.dtype)   # an accelerator
   if dispatch.native_quant_applies(backends, x_MxD.dtype, group):
     return cpu_matmul.by_rows(x_MxD.shape[0], live, group, lambda lv: qmatmul_t_native(x_MxD, w, lv, group),
                               lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))

@@ -7,6 +7,8 @@
                     live-row count at run time)
             xla     otherwise
   qmatmul   native  CPU, float32 activations, unsharded, built, at most   cpu_qmatmul.qmatmul_t_reference
+  (int8, int4 weights, activations "int8" or "int8-256": the integer-dot kernel cpu_qdot, its reference
+  cpu_qdot.qdot_t_reference; on an accelerator that reference itself, an int8 dot accumulated in int32)
   (bf16,            QUANT_NATIVE_MAX_TOKENS new tokens per sequence (a
   int8,             decode step or a verification, not a prefill block),
   int4 weights)     at most MATMUL_NATIVE_MAX_ROWS rows (more: by live
@@ -79,6 +81,8 @@ class Backends:
                  few rows runs (more rows, other dtypes: XLA, by the rules below)
   native_matmul  the weight-size classes (``choices.CLASSES``) whose few-row matmuls take the C++ kernel
   native_quant   whether few-row matmuls with quantized weights (``quant.QWeight``) take the C++ kernel
+  activations    what int8/int4 weights multiply in few-row matmuls: "fp32" activations, or "int8" /
+                 "int8-256" (quantized per call, integer dot products: ``cpu_qdot``)
   mesh           the mesh the parameters are sharded over (None: one device); the native kernels step aside
                  on a mesh of several devices (GSPMD cannot split a custom call) and Pallas attention runs
                  per shard
@@ -87,15 +91,32 @@ class Backends:
   native_matmul: frozenset = frozenset()
   mesh: Any = None
   native_quant: bool = False
+  activations: str = "fp32"
 
   @property
   def distributed(self) -> bool:
     return self.mesh is not None and math.prod(self.mesh.shape.values()) > 1
 
 
-def resolve(mesh=None, platform: str | None = None) -> Backends:
+# What int8/int4 weights multiply in few-row matmuls: name -> columns per x scale (None: fp32 activations,
+# ``cpu_qmatmul``; otherwise x quantized to int8 on integer dot products, ``cpu_qdot``).
+ACTIVATIONS = {"fp32": None, "int8": 32, "int8-64": 64, "int8-256": 256}
+DEFAULT_ACTIVATIONS = "fp32"
+
+
+def activations_choice(asked: str | None = None) -> str:
+  """``asked`` ("auto" or None: ``SPECJAX_ACTIVATIONS``, else ``DEFAULT_ACTIVATIONS``), checked."""
+  from specjax.errors import SpecjaxError
+  name = asked if asked not in (None, "auto") else (settings.activations() or DEFAULT_ACTIVATIONS)
+  if name not in ACTIVATIONS:
+    raise SpecjaxError(f"unknown activations '{name}': use one of auto, {', '.join(ACTIVATIONS)}")
+  return name
+
+
+def resolve(mesh=None, platform: str | None = None, activations: str | None = None) -> Backends:
   """The ``Backends`` of a model on ``mesh`` (None: one device) on ``platform`` (default: jax's backend), from
-  ``SPECJAX_ATTENTION``/``SPECJAX_NATIVE`` and the stored choice table (read, never measured)."""
+  ``SPECJAX_ATTENTION``/``SPECJAX_NATIVE`` and the stored choice table (read, never measured);
+  ``activations`` as ``activations_choice`` (on a CPU without the native kernels: fp32)."""
   platform = (platform or jax.default_backend()).lower()
   on_mesh = mesh is not None and math.prod(mesh.shape.values()) > 1
   native_ok = platform == "cpu" and not on_mesh and native.available()
@@ -103,8 +124,12 @@ def resolve(mesh=None, platform: str | None = None) -> Backends:
   if attention_path == "native" and not (native_ok and choices.attention_native()):
     attention_path = "xla"
   classes = frozenset(name for name, _, (N, D) in choices.CLASSES if native_ok and choices.matmul_native(N, D))
-  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh,
-                  native_quant=native_ok and choices.mode() != "xla")
+  native_quant = native_ok and choices.mode() != "xla"
+  acts = activations_choice(activations)
+  if platform == "cpu" and not native_quant:
+    acts = "fp32"    # XLA:CPU's int8 dot is no faster than its fp32 one: integer activations buy nothing there
+  return Backends(attention=attention_path, native_matmul=classes, mesh=mesh, native_quant=native_quant,
+                  activations=acts)
 
 
 def native_attention_applies(backends: Backends, T: int, q_dtype, cache_dtype) -> bool:

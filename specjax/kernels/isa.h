@@ -11,6 +11,7 @@
 //                           now in use (tests force each path in turn; SPECJAX_CPU_ISA does it from Python)
 //   SpecjaxDetectedIsa(f)   what the CPU supports; f = 1 pretends it supports nothing beyond the baseline
 //                           (the test of a library meeting a CPU without its instructions)
+//   HasAvx512Vnni()         one extension more, which the integer-dot kernel's AVX-512 path needs (cpu_qdot.cc)
 //
 // Test builds with SPECJAX_EMULATE_SIMD defined take every vector intrinsic from simd_emulation.h instead of
 // the compiler's, so every path runs on any x86-64 CPU.
@@ -24,10 +25,12 @@
 #if defined(SPECJAX_EMULATE_SIMD)
 #include "simd_emulation.h"
 #define SPECJAX_TARGET_AVX512
+#define SPECJAX_TARGET_AVX512VNNI
 #define SPECJAX_TARGET_AVX2
 #else
 #include <immintrin.h>
 #define SPECJAX_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+#define SPECJAX_TARGET_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
 #define SPECJAX_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
 #else
@@ -55,6 +58,22 @@ inline int32_t DetectIsa() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
 #endif
   return kPortable;
+}
+
+// Whether the CPU has AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products summed into 16 int32 lanes per instruction),
+// which the integer-dot kernel (cpu_qdot.cc) uses on the AVX-512 path; without it that path takes AVX2's.
+inline bool HasAvx512Vnni() {
+#if SPECJAX_X86
+  if (PretendNoFeatures().load()) return false;
+#if defined(SPECJAX_EMULATE_SIMD)
+  return true;
+#else
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+#endif
+#else
+  return false;
+#endif
 }
 
 inline std::atomic<int32_t>& ActiveIsaSlot() {

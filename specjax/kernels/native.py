@@ -29,7 +29,8 @@ from specjax.cache_location import kernel_dir
 # FFI target name -> exported handler symbol.
 TARGETS = {"specjax_matmul_t": "SpecjaxMatmulT", "specjax_attend_cache": "SpecjaxAttendCache",
            "specjax_qmatmul_bf16": "SpecjaxQMatmulBf16", "specjax_qmatmul_int8": "SpecjaxQMatmulInt8",
-           "specjax_qmatmul_int4": "SpecjaxQMatmulInt4"}
+           "specjax_qmatmul_int4": "SpecjaxQMatmulInt4", "specjax_qdot_int8": "SpecjaxQDotInt8",
+           "specjax_qdot_int4": "SpecjaxQDotInt4"}
 _SOURCES = sorted(Path(__file__).parent.glob("*.cc"))
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # No -march=native: the library is built for its architecture's baseline, and each fast path (AVX-512F,
@@ -155,7 +156,7 @@ def available() -> bool:
       lib = ctypes.cdll.LoadLibrary(str(path))
       for target, symbol in TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-      for fn in (lib.SpecjaxKernelIsa, lib.SpecjaxSetIsa, lib.SpecjaxDetectedIsa):
+      for fn in (lib.SpecjaxKernelIsa, lib.SpecjaxSetIsa, lib.SpecjaxDetectedIsa, lib.SpecjaxQDotPath):
         fn.restype = ctypes.c_int32
       _STATE["lib"] = lib
       ok = True

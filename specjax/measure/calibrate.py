@@ -166,7 +166,11 @@ def probe_floor(repeats: int = 30, depths: tuple[int, int] = (2, 32)) -> tuple[f
 
 
 def default_path() -> Path:
-  return cache_location.cache_dir() / "calibration" / f"{machine.tag()}-{native.path_name()}.json"
+  """Per machine and kernel path; integer activations (``SPECJAX_ACTIVATIONS``) measure quantized matmuls
+  of their own, so they keep a record of their own."""
+  acts = dispatch.activations_choice()
+  suffix = "" if acts == "fp32" else f"-activations-{acts}"
+  return cache_location.cache_dir() / "calibration" / f"{machine.tag()}-{native.path_name()}{suffix}.json"
 
 
 def calibrate(path: str | None = None, force: bool = False, log=print, quick: bool = False) -> dict:

@@ -74,7 +74,8 @@ def on_mesh(m: Model, mesh) -> Model:
   from specjax.parallel import sharding
   mesh = sharding.make_mesh(mesh) if isinstance(mesh, str) else mesh
   params = sharding.shard_params(m.params, mesh)
-  cfg = m.cfg.replace(backends=dispatch.resolve(mesh))     # the native kernels step aside on several devices
+  acts = m.cfg.backends.activations if m.cfg.backends is not None else None
+  cfg = m.cfg.replace(backends=dispatch.resolve(mesh, activations=acts))   # the native kernels step aside on several devices
   return dataclasses.replace(m, cfg=cfg, params=params, exec_params=params, mesh=mesh,
                              executables=Executables(), companions={})
 
@@ -108,13 +109,15 @@ def default_dtype(backend: str | None = None) -> str:
   return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model:
+def load(name_or_path: str, dtype: str = "auto", weights: str = "auto", activations: str = "auto") -> Model:
   """Load a registry model (downloaded once), a GGUF file or a Hugging Face safetensors directory.
 
   ``dtype``: the activations and KV buffers (and, with ``weights="auto"``, the weights): float32, bfloat16
   or auto (``default_dtype``).  ``weights``: auto (= ``dtype``), fp32, bf16, int8 or int4: the layer
   matrices, embedding and head quantized at load (``quant.py`` says the policy and the formats), then
-  dequantized inside the matmuls.  Quantized weights need float32 activations on the CPU."""
+  dequantized inside the matmuls.  Quantized weights need float32 activations on the CPU.  ``activations``:
+  what int8/int4 weights multiply in decode-sized matmuls, fp32 or int8 (``kernels/cpu_qdot.py``; auto:
+  ``SPECJAX_ACTIVATIONS``, else ``dispatch.DEFAULT_ACTIVATIONS``)."""
   if dtype == "auto":
     dtype = default_dtype()
   if dtype not in _DTYPES:
@@ -129,6 +132,7 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model
   if quantize_to is not None and act != quant.compute_dtype():
     raise SpecjaxError(f"--weights {weights} runs with {quant.compute_dtype().name} activations on "
                        f"{jax.default_backend()}: drop --dtype {dtype} (or use auto)")
+  dispatch.activations_choice(activations)     # a bad name fails before anything loads
   from specjax.runtime import compile_cache
   from specjax.kernels import native
   from specjax.checkpoints import resolve
@@ -140,6 +144,6 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto") -> Model
   from specjax.measure import kernel_paths
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced
   m = Model.from_loaded(loaded)
-  m.cfg = m.cfg.replace(backends=dispatch.resolve())      # the backend choice, made once, rides in the config
+  m.cfg = m.cfg.replace(backends=dispatch.resolve(activations=activations))   # made once, rides in the config
   m.load_s = time.perf_counter() - t0
   return m
