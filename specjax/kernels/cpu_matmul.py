@@ -27,6 +27,14 @@ def _live_mask(M: int, live, group: int) -> jax.Array:
   return (jnp.arange(M) % group < per_row)[:, None]
 
 
+def frozen_weight_dx(x_MxD, w_NxD, rows_2, dy_MxN):
+  """The gradient for x of a native x · wᵀ whose weight is frozen (a quantized one, ``w_NxD`` dequantized),
+  given the kernel's rows argument [group, live...]: dead rows get none."""
+  live = rows_2[1] if rows_2.shape[0] == 2 else rows_2[1:]
+  dy_MxN = jnp.where(_live_mask(x_MxD.shape[0], live, rows_2[0]), dy_MxN, 0)
+  return (dy_MxN @ w_NxD).astype(x_MxD.dtype)
+
+
 PAD_ROWS = 4   # below fp32, fewer rows are computed as this many (matmul_t_reference)
 
 

@@ -259,16 +259,8 @@ SPECJAX_TARGET_AVX2 void Dot256(const DotTask& t, int64_t n, int64_t m0) {
 
 template <Kind KIND>
 SPECJAX_TARGET_AVX2 void RowBlockAvx2(const DotTask& t, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m = 0;
-    for (; m + 4 <= t.M; m += 4) Dot256<KIND, 4>(t, n, m);
-    switch (t.M - m) {
-      case 1: Dot256<KIND, 1>(t, n, m); break;
-      case 2: Dot256<KIND, 2>(t, n, m); break;
-      case 3: Dot256<KIND, 3>(t, n, m); break;
-      default: break;
-    }
-  }
+  for (int64_t n = n0; n < n1; ++n)
+    specjax::ForRowTiles(t.M, [&](auto mb, int64_t m) { Dot256<KIND, decltype(mb)::value>(t, n, m); });
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -352,16 +344,8 @@ SPECJAX_TARGET_AVX512VNNI void Dot512(const DotTask& t, int64_t n, int64_t m0) {
 
 template <Kind KIND>
 SPECJAX_TARGET_AVX512VNNI void RowBlockVnni(const DotTask& t, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m = 0;
-    for (; m + 4 <= t.M; m += 4) Dot512<KIND, 4>(t, n, m);
-    switch (t.M - m) {
-      case 1: Dot512<KIND, 1>(t, n, m); break;
-      case 2: Dot512<KIND, 2>(t, n, m); break;
-      case 3: Dot512<KIND, 3>(t, n, m); break;
-      default: break;
-    }
-  }
+  for (int64_t n = n0; n < n1; ++n)
+    specjax::ForRowTiles(t.M, [&](auto mb, int64_t m) { Dot512<KIND, decltype(mb)::value>(t, n, m); });
 }
 #endif
 

@@ -86,10 +86,8 @@ def _native_fwd(kind, x_MxD, data, scale, offset, rows_2, group, xblock):
 
 def _native_bwd(kind, group, xblock, res, dy_MxN):   # straight through the rounding of x; the weight is frozen
   x_MxD, data, scale, offset, rows_2 = res
-  live = rows_2[1] if rows_2.shape[0] == 2 else rows_2[1:]
-  dy_MxN = jnp.where(cpu_matmul._live_mask(x_MxD.shape[0], live, rows_2[0]), dy_MxN, 0)
-  dx = dy_MxN @ quant.dequantize(kind, data, scale, group, jnp.float32, offset)
-  return dx.astype(x_MxD.dtype), None, None, None, None
+  w_NxD = quant.dequantize(kind, data, scale, group, jnp.float32, offset)
+  return cpu_matmul.frozen_weight_dx(x_MxD, w_NxD, rows_2, dy_MxN), None, None, None, None
 
 
 _native.defvjp(_native_fwd, _native_bwd)

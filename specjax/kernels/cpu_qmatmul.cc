@@ -297,14 +297,7 @@ SPECJAX_TARGET_AVX512 void Tile512(const QTask& t, int64_t n, int64_t m0) {
 
 template <Kind KIND, int NR>
 SPECJAX_TARGET_AVX512 void RowsAvx512(const QTask& t, int64_t n) {
-  int64_t m = 0;
-  for (; m + 4 <= t.M; m += 4) Tile512<KIND, NR, 4>(t, n, m);
-  switch (t.M - m) {
-    case 1: Tile512<KIND, NR, 1>(t, n, m); break;
-    case 2: Tile512<KIND, NR, 2>(t, n, m); break;
-    case 3: Tile512<KIND, NR, 3>(t, n, m); break;
-    default: break;
-  }
+  specjax::ForRowTiles(t.M, [&](auto mb, int64_t m) { Tile512<KIND, NR, decltype(mb)::value>(t, n, m); });
 }
 
 // One or two rows of x (decoding) over a short input: one weight row at a time, a single sequential stream per
@@ -438,16 +431,8 @@ SPECJAX_TARGET_AVX2 void Row256(const QTask& t, int64_t n, int64_t m0) {
 
 template <Kind KIND>
 SPECJAX_TARGET_AVX2 void RowBlockAvx2(const QTask& t, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m = 0;
-    for (; m + 4 <= t.M; m += 4) Row256<KIND, 4>(t, n, m);
-    switch (t.M - m) {
-      case 1: Row256<KIND, 1>(t, n, m); break;
-      case 2: Row256<KIND, 2>(t, n, m); break;
-      case 3: Row256<KIND, 3>(t, n, m); break;
-      default: break;
-    }
-  }
+  for (int64_t n = n0; n < n1; ++n)
+    specjax::ForRowTiles(t.M, [&](auto mb, int64_t m) { Row256<KIND, decltype(mb)::value>(t, n, m); });
 }
 #endif
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -67,6 +68,20 @@ void RunRowBlocks(int64_t N, int64_t work, int64_t threads, const BlockFn& block
   ParallelFor(threads, blocks, true, [&block_fn, block, N](int64_t i) {
     block_fn(i * block, std::min(N, (i + 1) * block));
   });
+}
+
+// The live rows of x in tiles of 4, then the 1-3 left: tile(std::integral_constant<int, MB>{}, m0) for each
+// (the kernels' register tiles take MB as a template argument).
+template <typename TileFn>
+inline void ForRowTiles(int64_t M, const TileFn& tile) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
+  switch (M - m) {
+    case 1: tile(std::integral_constant<int, 1>{}, m); break;
+    case 2: tile(std::integral_constant<int, 2>{}, m); break;
+    case 3: tile(std::integral_constant<int, 3>{}, m); break;
+    default: break;
+  }
 }
 
 }  // namespace specjax
