@@ -133,12 +133,12 @@ def load_draft(m: Model, ds: DecodeSpec, draft=None, weights: str | None = None,
     log(f"drafter '{ds.drafter}': the registry's draft for {m.source} is {name}")
   if weights in (None, "auto"):
     weights = m.weights if quant.holds_quantized(getattr(m, "params", {})) else None
-  acts = m.cfg.backends.activations if getattr(m.cfg, "backends", None) is not None else "auto"
-  key = ("draft", str(name), weights, acts)
+  backends = getattr(getattr(m, "cfg", None), "backends", None)
+  acts = {} if backends is None else {"activations": backends.activations}    # the draft follows its target
+  key = ("draft", str(name), weights, *acts.values())
   if key not in m.companions:
     log(f"loading draft {name}")
-    m.companions[key] = load(str(name), dtype=str(m.dtype), activations=acts,
-                             **({} if weights is None else {"weights": weights}))
+    m.companions[key] = load(str(name), dtype=str(m.dtype), **acts, **({} if weights is None else {"weights": weights}))
   return m.companions[key]
 
 
