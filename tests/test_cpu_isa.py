@@ -49,6 +49,34 @@ def _check_attention():
       np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5)
 
 
+def _check_tree_row_bits():
+  """A tree row (it sees some region slots, not its siblings') has the bits of the same row laid out as a
+  chain, its visible slots contiguous (kernels/cpu_attention.cc CompactVisible): with integer activations a
+  last-bit difference here became a different token between a tree's verification and plain decoding."""
+  parent = [-1, 0, 0, 1, 2]      # the tree: 0 the root, 1 and 2 its children, 3 under 1, 4 under 2
+  T = len(parent)
+  tree = np.zeros((T, T), bool)
+  for t in range(T):
+    a = t
+    while a >= 0:
+      tree[t, a], a = True, parent[a]
+  order = np.asarray([0, 2, 4, 1, 3])   # the branch 0-2-4 first: rows 0..2 of this layout see 0..2 only
+  for E, ctx in [(8, 37), (16, 254), (24, 300), (64, 253), (128, 37), (64, 255)]:   # 253-255: across a chunk
+    r = np.random.default_rng(E + ctx)
+    L, B, S, K, G = 1, 1, 320, 2, 3
+    q = r.normal(size=(B, T, K * G, E)).astype(np.float32)
+    k = (r.normal(size=(L, B, S, K, E)) * 2).astype(np.float32)
+    v = r.normal(size=(L, B, S, K, E)).astype(np.float32)
+    lengths = jnp.asarray([ctx], jnp.int32)
+    as_tree = np.asarray(jax.jit(ca.attend_cache_native)(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), 0, lengths,
+                                                          jnp.asarray(tree[None])))
+    k2, v2 = k.copy(), v.copy()
+    k2[:, :, ctx:ctx + T], v2[:, :, ctx:ctx + T] = k[:, :, ctx + order], v[:, :, ctx + order]
+    as_chain = np.asarray(jax.jit(ca.attend_cache_native)(jnp.asarray(q[:, order]), jnp.asarray(k2), jnp.asarray(v2),
+                                                           0, lengths, jnp.asarray(tree[order][:, order][None])))
+    np.testing.assert_array_equal(as_tree[:, order[:3]], as_chain[:, :3], err_msg=f"E={E} ctx={ctx}")
+
+
 @pytest.mark.parametrize("path", native.ISAS)
 def test_each_supported_path_equals_reference(path, restore_isa):
   if path not in _supported():
@@ -57,6 +85,7 @@ def test_each_supported_path_equals_reference(path, restore_isa):
   assert native.isa() == path
   _check_matmul()
   _check_attention()
+  _check_tree_row_bits()
 
 
 def test_asking_for_more_than_the_cpu_has_gives_the_best_it_has(restore_isa):

@@ -232,3 +232,19 @@ def test_xla_attention_gives_a_query_row_the_same_bits_whatever_the_row_count():
   for T in (2, 5, 8):
     np.testing.assert_array_equal(np.asarray(f(q[:, :T], k, v, mask[:, :T]))[:, 0], one, err_msg=f"T={T}")
   np.testing.assert_allclose(f(q, k, v, mask), attention.attend_reference(q, k, v, mask), atol=2e-6)
+
+
+def test_rms_norm_gives_a_row_the_same_bits_whatever_the_row_count():
+  """RMSNorm sums a row in a fixed pairwise order of elementwise adds (decoder.row_sum): with ``jnp.mean``
+  XLA:CPU summed a row in another order once 8 or more rows were reduced at once (5e-7 apart on a Zen 3),
+  which integer activations turn into different tokens between plain decoding and a verification."""
+  r = np.random.default_rng(0)
+  for D in (576, 1536, 100):
+    x = jnp.asarray(r.standard_normal((16, 9, D)) * 3, jnp.float32)
+    w = jnp.asarray(r.standard_normal(D), jnp.float32)
+    f = jax.jit(lambda x, w: model.rms_norm(x, w, 1e-5))
+    one = np.asarray(f(x[:1, :1], w))[0, 0]
+    for B, T in [(1, 5), (2, 5), (4, 5), (16, 9)]:
+      np.testing.assert_array_equal(np.asarray(f(x[:B, :T], w))[0, 0], one, err_msg=f"D={D} B={B} T={T}")
+    want = np.asarray(x, np.float64) / np.sqrt(np.mean(np.asarray(x, np.float64) ** 2, -1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(f(x, w), want * np.asarray(w), rtol=2e-6, atol=2e-6)

@@ -84,12 +84,14 @@ def test_speculative_greedy_equals_plain_greedy_on_real_model(smollm):
     assert stats["drafted_tokens"] > 0
 
 
-def test_integer_activations_keep_a_chain_token_exact_on_real_model():
+def test_integer_activations_keep_chains_trees_and_batches_token_exact_on_real_model():
   """int4 weights on integer dot products (``--activations int8``, kernels/cpu_qdot.py): n-gram chains at batch 1
-  give plain greedy's tokens, and the perplexity of a 40-token text stays within 3% of the same weights on fp32
-  activations with the text fed as verifications feed it (5 tokens at a time; over 16 real texts the difference
-  is 0.2%: docs/BENCHMARKS.md, "Integer activations").  Not yet exact: trees and batches of 2 (the rounding
-  of x turns last-bit differences upstream of a matmul into visible ones; docs/guides/quantized-weights.md)."""
+  and 2 and a dynamic tree at batch 2 give plain greedy's tokens at batch 1 (the rounding of x turns any
+  last-bit difference upstream of a matmul into a visible one, so every op before it gives a row the same bits
+  whatever the rows beside it: decoder.row_sum, the attention kernel's CompactVisible), and the perplexity of
+  a 40-token text stays within 3% of the same weights on fp32 activations with the text fed as verifications
+  feed it (5 tokens at a time; over 16 real texts the difference is 0.2%: docs/BENCHMARKS.md, "Integer
+  activations")."""
   from specjax.kernels import cpu_qdot
   m = specjax.load("smollm2-135m", weights="int4", activations="int8")
   if cpu_qdot.path() is None:
@@ -97,9 +99,10 @@ def test_integer_activations_keep_a_chain_token_exact_on_real_model():
   prompts = ["Summarize: The city council voted on Tuesday to extend the bus line to the airport. The "
              "extension will open next year and add four stops.", "def fibonacci(n):"]
   base, _ = specjax.generate(m, prompts, max_new_tokens=24, batch_size=1)
-  for k in (2, 4):
-    outs, stats = specjax.generate(m, prompts, max_new_tokens=24, drafter="ngram", k=k, batch_size=1)
-    assert [o.token_ids for o in outs] == [b.token_ids for b in base], k
+  for kw in (dict(k=2, batch_size=1), dict(k=4, batch_size=1), dict(k=4, batch_size=2),
+             dict(tree="dynamic:8:2", batch_size=2)):
+    outs, stats = specjax.generate(m, prompts, max_new_tokens=24, drafter="ngram", **kw)
+    assert [o.token_ids for o in outs] == [b.token_ids for b in base], kw
     assert stats["drafted_tokens"] > 0
   fp32_acts = specjax.load("smollm2-135m", weights="int4", activations="fp32")
   text = prompts[0] + " The council also approved a new budget for parks and libraries."

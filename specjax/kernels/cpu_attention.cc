@@ -46,47 +46,66 @@ struct Args {
 };
 
 // Slots are taken kChunk at a time (flash decoding): one unit of work is the G query heads of kv head kh at
-// new position t of sequence b over one chunk of slots.  Each unit leaves partial results (per query head:
-// the unnormalised weighted sum of value rows, the largest score and the sum of exp(score - largest)); a
-// second pass combines a row's chunks.  So batch-1 decoding at a long context has many units for the
-// threads, each slot is read once, and a chunk's K and V stay in cache for the G heads that share them.
-// The chunks are fixed slot ranges, so a row's bits depend neither on the batch nor on the number of new
-// rows computed beside it (what keeps greedy speculative decoding token-exact).
+// new position t of sequence b over one chunk of the slots it sees.  Each unit leaves partial results (per
+// query head: the unnormalised weighted sum of value rows, the largest score and the sum of exp(score -
+// largest)); a second pass combines a row's chunks.  So batch-1 decoding at a long context has many units for
+// the threads, each slot is read once, and a chunk's K and V stay in cache for the G heads that share them.
+//
+// The chunks are fixed ranges of a row's *visible* slots, counted in order: committed slot j is visible slot
+// j, and the region slots it sees (a tree row: its ancestors, not its siblings) follow the committed ones
+// without gaps.  So a row's bits depend neither on the batch nor on the rows computed beside it, and a tree
+// node gets the bits of the same token decoded on its own, whose ancestors lie in consecutive slots: its
+// chunks hold the same terms, in the same places of the softmax's vector lanes and of the sum over value rows
+// (what keeps greedy speculative decoding token-exact, with integer activations too, whose rounding turns a
+// last-bit difference into a visible one).
 constexpr int64_t kChunk = 256;
 
-// The slots query t of sequence b may see: [0, ctx) committed, [ctx, last) the region up to its last
-// visible slot (nothing after it is read).
-inline std::pair<int64_t, int64_t> Span(const Args& a, int64_t b, int64_t t) {
+// What query t of sequence b sees, as visible slots v in [lo, nvis): v < rbase is buffer slot v (committed,
+// from its window's start lo on); v >= rbase is the (v - rbase)-th region slot it sees (mask, at or after lo,
+// inside the buffer).
+struct RowSpan {
+  int64_t ctx, lo, rbase, nvis;
+  const bool* m;  // the row's mask over the region [U]
+};
+
+inline RowSpan Visible(const Args& a, int64_t b, int64_t t) {
   const int64_t ctx = std::min<int64_t>(a.lengths[b], a.S);
+  const int64_t lo = std::max<int64_t>(a.lo[b * a.T + t], 0);
   const bool* m = a.mask + (b * a.T + t) * a.U;
-  int64_t span = a.U;
-  while (span > 0 && !m[span - 1]) --span;
-  return {ctx, std::min<int64_t>(ctx + span, a.S)};
+  const int64_t rbase = std::max(lo, ctx);
+  int64_t nvis = rbase;
+  for (int64_t u = std::max<int64_t>(lo - ctx, 0); u < std::min(a.U, a.S - ctx); ++u) nvis += m[u];
+  return {ctx, lo, rbase, nvis, m};
 }
 
-// The first slot query t of sequence b may see (its window's start).
-inline int64_t Lo(const Args& a, int64_t b, int64_t t) {
-  return std::max<int64_t>(a.lo[b * a.T + t], 0);
+// The buffer slot of visible slot v (lo <= v < nvis).
+inline int64_t SlotOfVisible(const Args& a, const RowSpan& r, int64_t v) {
+  if (v < r.rbase) return v;
+  int64_t rank = v - r.rbase;
+  for (int64_t u = std::max<int64_t>(r.lo - r.ctx, 0);; ++u)
+    if (r.m[u] && rank-- == 0) return r.ctx + u;
 }
 
-// Where one unit reads and writes, in view coordinates: slot i of the view is slot j0 + i of the buffer, where
-// j0 is the chunk's start or, in the chunk holding the query's window start, that start.
+// Where one unit reads and writes, in view coordinates: slot i of the view is slot j0 + i of the buffer, j0
+// the buffer slot of the chunk's first visible slot (or, in the chunk holding the query's window start, of
+// that start); the view ends at the chunk's last visible slot, so it spans at most kChunk + U slots.
 struct UnitView {
-  int64_t ctx, last;            // committed slots of the chunk, and its slots [0, last)
+  int64_t ctx, last;            // committed slots of the view, and its slots [0, last)
   const float *kb, *vb, *qrow;  // key and value rows of this kv head (stride K*E), the first query row
-  const bool* m;                // visibility of the chunk's new slots: slot i >= ctx is visible if m[i - ctx]
+  const bool* m;                // visibility of the view's new slots: slot i >= ctx is visible if m[i - ctx]
   float* part;                  // [G, E + 2] partial results
 };
 
 inline UnitView View(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t E, int64_t chunk0, float* part) {
   const int64_t KE = a.K * E;
-  const auto [ctx, last] = Span(a, b, t);
-  const int64_t j0 = std::max(chunk0, Lo(a, b, t));
-  const int64_t n = std::max<int64_t>(std::min(chunk0 + kChunk, last) - j0, 0);
+  const RowSpan r = Visible(a, b, t);
+  const int64_t v0 = std::max(chunk0, r.lo), v1 = std::min(chunk0 + kChunk, r.nvis);
+  const int64_t j0 = v1 > v0 ? SlotOfVisible(a, r, v0) : 0;
+  const int64_t n = v1 > v0 ? SlotOfVisible(a, r, v1 - 1) + 1 - j0 : 0;
   const int64_t cache_row = (a.layer * a.B + b) * a.S * KE + kh * E + j0 * KE;
   const int64_t q_row = ((b * a.T + t) * a.H + kh * a.G) * E;
-  const bool* m = a.mask + (b * a.T + t) * a.U + std::max<int64_t>(j0 - ctx, 0);
-  return {std::max<int64_t>(ctx - j0, 0), n, a.k + cache_row, a.v + cache_row, a.q + q_row, m, part};
+  const bool* m = r.m + std::max<int64_t>(j0 - r.ctx, 0);
+  return {std::clamp<int64_t>(r.ctx - j0, 0, n), n, a.k + cache_row, a.v + cache_row, a.q + q_row, m, part};
 }
 
 // e^f for |f| <= ln2 / 2 by its Taylor series to degree 6, Horner order (highest coefficient first); shared by
@@ -111,9 +130,25 @@ inline float ExpNonPositive(float x) {
   return p * two_n;
 }
 
+// A tree's row sees some of the view's region slots and not others (its ancestors, not its siblings).  Its
+// visible region scores are moved, in order, to the places right after the committed ones (the order of
+// visible slots: see kChunk).  Returns how many places are taken; place i >= ctx holds view slot slot_of[i]
+// (slot_of: at least kChunk entries, as a chunk holds at most kChunk visible slots).
+inline int64_t CompactVisible(int64_t ctx, int64_t last, const bool* m, float* sg, int32_t* slot_of) {
+  int64_t n = ctx;
+  for (int64_t i = ctx; i < last; ++i) {
+    if (!m[i - ctx]) continue;
+    sg[n] = sg[i];
+    slot_of[n++] = static_cast<int32_t>(i);
+  }
+  return n;
+}
+
+inline int64_t SlotOf(int64_t j, int64_t ctx, const int32_t* slot_of) { return j < ctx ? j : slot_of[j]; }
+
 // One unit of work: the G query heads of kv head kh at new position t of sequence b, over the chunk of slots
 // starting at j0.
-void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part, float* scores /* [G, kChunk] */) {
+void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* part, float* scores /* [G, kChunk + U] */) {
   const int64_t E = a.E, G = a.G, KE = a.K * E;
   const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
 
@@ -125,38 +160,35 @@ void Unit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float* pa
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t e = 0; e < E; ++e) s += qr[e] * kr[e];
-      scores[g * kChunk + j] = s * a.scale;
+      scores[g * (kChunk + a.U) + j] = s * a.scale;
     }
   }
+  int32_t slot_of[kChunk];
+  int64_t n = last;
   for (int64_t g = 0; g < G; ++g) {
-    float* sg = scores + g * kChunk;
+    float* sg = scores + g * (kChunk + a.U);
+    n = CompactVisible(ctx, last, m, sg, slot_of);
     float mx = -INFINITY;
-    for (int64_t j = 0; j < last; ++j) {
-      const bool visible = j < ctx || m[j - ctx];
-      if (!visible) sg[j] = -INFINITY;
-      mx = std::max(mx, sg[j]);
-    }
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
     const bool none = mx == -INFINITY;  // nothing visible in this chunk: it contributes nothing
     if (none) mx = 0.f;
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < last; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       const float p = ExpNonPositive(sg[j] - mx);
       sg[j] = p;
       sum += p;
     }
-    for (int64_t j = ctx; j < last; ++j)  // exactly zero for masked new slots
-      if (!m[j - ctx]) sum -= sg[j], sg[j] = 0.f;
     pb[g * (E + 2) + E] = none ? -INFINITY : mx;
     pb[g * (E + 2) + E + 1] = none ? 0.f : sum;
   }
   // Weighted sum of value rows (unnormalised), accumulated in the partial rows (they stay in L1).
   for (int64_t g = 0; g < G; ++g)
     for (int64_t e = 0; e < E; ++e) pb[g * (E + 2) + e] = 0.f;
-  for (int64_t j = 0; j < last; ++j) {
-    const float* vr = vb + j * KE;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = vb + SlotOf(j, ctx, slot_of) * KE;
     for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * kChunk + j];
+      const float p = scores[g * (kChunk + a.U) + j];
       float* o = pb + g * (E + 2);
 #pragma omp simd
       for (int64_t e = 0; e < E; ++e) o[e] += p * vr[e];
@@ -184,6 +216,7 @@ SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int6
   constexpr int64_t E = EC * 16;
   const int64_t G = a.G, KE = a.K * E;
   const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
+  int32_t slot_of[kChunk];
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
     __m512 qv[EC];
@@ -208,36 +241,33 @@ SPECJAX_TARGET_AVX512 void UnitAvx512(const Args& a, int64_t b, int64_t kh, int6
       for (int c = 0; c < EC; ++c) s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + j * KE + 16 * c), s0);
       sg[j] = _mm512_reduce_add_ps(s0);
     }
-    // Softmax over the visible slots (masked new slots get exactly zero weight).
-    for (int64_t i = ctx; i < last; ++i)
-      if (!m[i - ctx]) sg[i] = -INFINITY;
+    // Softmax over the visible slots (a tree row's moved together first: CompactVisible).
+    const int64_t n = CompactVisible(ctx, last, m, sg, slot_of);
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (j = 0; j < last; j += 16) {
-      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
       mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, sg + j));
     }
     float mxs = _mm512_reduce_max_ps(mx);
     const bool none = mxs == -INFINITY;
     if (none) mxs = 0.f;
     const __m512 mxv = _mm512_set1_ps(mxs);
-    for (j = 0; j < last; j += 16) {
-      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
       _mm512_mask_storeu_ps(sg + j, k, Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + j), mxv)));
     }
-    for (int64_t i = ctx; i < last; ++i)  // masked slots: exactly zero (their exp only underflows to ~1e-38)
-      if (!m[i - ctx]) sg[i] = 0.f;
     __m512 sum = _mm512_setzero_ps();
-    for (j = 0; j < last; j += 16) {
-      const __mmask16 k = last - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (last - j)) - 1);
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
       sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(k, sg + j));
     }
     const float total = _mm512_reduce_add_ps(sum);
     // Weighted sum of value rows in EC registers.
     __m512 acc[EC];
     for (int c = 0; c < EC; ++c) acc[c] = _mm512_setzero_ps();
-    for (j = 0; j < last; ++j) {
+    for (j = 0; j < n; ++j) {
       const __m512 p = _mm512_set1_ps(sg[j]);
-      const float* vr = vb + j * KE;
+      const float* vr = vb + SlotOf(j, ctx, slot_of) * KE;
       for (int c = 0; c < EC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
     }
     float* pg = pb + g * (E + 2);
@@ -279,7 +309,7 @@ SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t 
   constexpr int64_t E = EC * 8;
   const int64_t G = a.G, KE = a.K * E;
   const auto [ctx, last, kb, vb, qrow, m, pb] = View(a, b, kh, t, E, j0, part);
-  const int64_t last8 = last & ~int64_t{7};
+  int32_t slot_of[kChunk];
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores;
     __m256 qv[EC];
@@ -300,33 +330,31 @@ SPECJAX_TARGET_AVX2 void UnitAvx2(const Args& a, int64_t b, int64_t kh, int64_t 
       for (int c = 0; c < EC; ++c) s0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kb + j * KE + 8 * c), s0);
       sg[j] = Sum256(s0);
     }
-    for (int64_t i = ctx; i < last; ++i)
-      if (!m[i - ctx]) sg[i] = -INFINITY;
+    const int64_t n = CompactVisible(ctx, last, m, sg, slot_of);   // a tree row's visible slots together
+    const int64_t n8 = n & ~int64_t{7};
     __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (j = 0; j < last8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
+    for (j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
     float mxs = Max256(mx);
-    for (j = last8; j < last; ++j) mxs = std::max(mxs, sg[j]);
+    for (j = n8; j < n; ++j) mxs = std::max(mxs, sg[j]);
     const bool none = mxs == -INFINITY;
     if (none) mxs = 0.f;
     const __m256 mxv = _mm256_set1_ps(mxs);
     __m256 sum = _mm256_setzero_ps();
-    for (j = 0; j < last8; j += 8) {
+    for (j = 0; j < n8; j += 8) {
       const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + j), mxv));
       _mm256_storeu_ps(sg + j, p);
       sum = _mm256_add_ps(sum, p);
     }
     float total = Sum256(sum);
-    for (j = last8; j < last; ++j) {
+    for (j = n8; j < n; ++j) {
       sg[j] = ExpNonPositive(sg[j] - mxs);
       total += sg[j];
     }
-    for (int64_t i = ctx; i < last; ++i)  // masked slots: exactly zero
-      if (!m[i - ctx]) total -= sg[i], sg[i] = 0.f;
     __m256 acc[EC];
     for (int c = 0; c < EC; ++c) acc[c] = _mm256_setzero_ps();
-    for (j = 0; j < last; ++j) {
+    for (j = 0; j < n; ++j) {
       const __m256 p = _mm256_set1_ps(sg[j]);
-      const float* vr = vb + j * KE;
+      const float* vr = vb + SlotOf(j, ctx, slot_of) * KE;
       for (int c = 0; c < EC; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
     }
     float* pg = pb + g * (E + 2);
@@ -366,8 +394,9 @@ void RunUnit(const Args& a, int64_t b, int64_t kh, int64_t t, int64_t j0, float*
 // m_c).  With one chunk this is acc · (1 / sum) exactly, as a single pass would compute it.
 void Combine(const Args& a, int64_t b, int64_t kh, int64_t t, const float* part /* [NC, G, E + 2] */) {
   const int64_t E = a.E, G = a.G, PE = E + 2;
-  const int64_t nc = (Span(a, b, t).second + kChunk - 1) / kChunk;
-  const int64_t c0 = Lo(a, b, t) / kChunk;  // chunks wholly before the window were never computed
+  const RowSpan r = Visible(a, b, t);
+  const int64_t nc = (r.nvis + kChunk - 1) / kChunk;
+  const int64_t c0 = r.lo / kChunk;  // chunks wholly before the window were never computed
   float* orow = a.out + ((b * a.T + t) * a.H + kh * G) * E;
   for (int64_t g = 0; g < G; ++g) {
     float* o = orow + g * E;
@@ -436,7 +465,7 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   work *= a.H * a.E * 2;
   const bool parallel = work >= (int64_t{1} << 17);
   const int64_t rows = a.B * a.K * max_live;           // (b, kv head, t), t fastest
-  const int64_t NC = (a.S + kChunk - 1) / kChunk;        // slot chunks per row
+  const int64_t NC = (a.S + kChunk - 1) / kChunk;        // chunks per row (at most S visible slots)
   const int64_t row_floats = NC * a.G * (a.E + 2);
   thread_local std::vector<float> partial;               // this call's [B, K, max_live, NC, G, E + 2]
   partial.resize(static_cast<size_t>(rows * row_floats));
@@ -447,9 +476,11 @@ ffi::Error AttendCache(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
     const int64_t kh = u % a.K, c = (u / a.K) % NC, w = u / (a.K * NC);
     const int64_t t = w % max_live, b = w / max_live;
     const int64_t r = (b * a.K + kh) * max_live + t;
-    if (t >= live[b] || c * kChunk >= Span(a, b, t).second || (c + 1) * kChunk <= Lo(a, b, t)) return;
+    if (t >= live[b]) return;
+    const RowSpan rs = Visible(a, b, t);
+    if (c * kChunk >= rs.nvis || (c + 1) * kChunk <= rs.lo) return;
     thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(a.G * kChunk));
+    scores.resize(static_cast<size_t>(a.G * (kChunk + a.U)));
     RunUnit(a, b, kh, t, c * kChunk, part + r * row_floats + c * a.G * (a.E + 2), scores.data());
   });
   specjax::ParallelFor(pool.num_threads(), rows, parallel, [&a, &live, max_live, part, row_floats](int64_t r) {

@@ -54,9 +54,24 @@ def linear(x_BxTxD: jax.Array, w_NxD, live_T=None, backends: dispatch.Backends |
   return matmul(x_BxTxD.reshape(B * T, D), w_NxD, live_T, T, backends).reshape(B, T, w_NxD.shape[0])
 
 
+def row_sum(x_BxTxD: jax.Array) -> jax.Array:
+  """Σ over the last axis, [..., 1], in a fixed pairwise order made of elementwise adds only (zero-padded to a
+  power of two, then halves added until one is left).  XLA:CPU reduces a row in a different order when it
+  reduces 8 or more rows at once, so ``jnp.sum``/``jnp.mean`` gave a verification's rows other bits than the
+  same rows decoded one at a time (RMSNorm: 5e-7); elementwise adds do not depend on how many rows run beside
+  them, so plain decoding, verification and a batch give a row the same bits (what integer activations need,
+  whose rounding turns a last-bit difference into a visible one)."""
+  D = x_BxTxD.shape[-1]
+  x = jnp.pad(x_BxTxD, [(0, 0)] * (x_BxTxD.ndim - 1) + [(0, (1 << max(D - 1, 0).bit_length()) - D)])
+  while x.shape[-1] > 1:
+    half = x.shape[-1] // 2
+    x = x[..., :half] + x[..., half:]
+  return x
+
+
 def rms_norm(x_BxTxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
   x = x_BxTxD.astype(jnp.float32)
-  x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+  x = x * jax.lax.rsqrt(row_sum(x * x) / x.shape[-1] + eps)
   return (x * scale_D.astype(jnp.float32)).astype(x_BxTxD.dtype)
 
 
