@@ -217,6 +217,7 @@ SPECJAX_TARGET_AVX2 void Dot256(const DotTask& t, int64_t n, int64_t m0) {
     acc[i] = _mm256_setzero_ps();
   }
   const __m256i ones = _mm256_set1_epi16(1);
+  const int gshift = t.G == 64 ? 1 : 0;   // 32-column blocks per weight group: 1 or 2 (a shift, not a division)
   for (int64_t a = 0; a < blocks; a += per) {
     __m256 part[MB];
     for (int i = 0; i < MB; ++i) part[i] = _mm256_setzero_ps();
@@ -232,7 +233,7 @@ SPECJAX_TARGET_AVX2 void Dot256(const DotTask& t, int64_t n, int64_t m0) {
         raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + 32 * b));
         wv = _mm256_abs_epi8(raw);
       }
-      const __m256 s = _mm256_broadcast_ss(sw + b * 32 / t.G);
+      const __m256 s = _mm256_broadcast_ss(sw + (b >> gshift));
       for (int i = 0; i < MB; ++i) {
         __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + 32 * b));
         if constexpr (KIND == kInt8) xv = _mm256_sign_epi8(xv, raw);
@@ -310,27 +311,31 @@ SPECJAX_TARGET_AVX512VNNI void Dot512(const DotTask& t, int64_t n, int64_t m0) {
     acc[i] = part[i] = _mm512_setzero_ps();
   }
   const __mmask16 upper = 0xFF00;
-  for (int64_t c = 0; c < steps; ++c) {
-    const bool half = 2 * c + 1 >= blocks;
-    _mm_prefetch(reinterpret_cast<const char*>(wr + (KIND == kInt8 ? 64 : 32) * c + 1024), _MM_HINT_T0);
-    const __m512i wv = WeightStep512(t, wr, c, half);
-    const float s0 = sw[2 * c * 32 / t.G], s1 = half ? 0.f : sw[(2 * c + 1) * 32 / t.G];
-    const __m512 s = _mm512_mask_blend_ps(upper, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
-    for (int i = 0; i < MB; ++i) {
-      const __m512i start = _mm512_loadu_si512(t.corr + (m0 + i) * (t.Dp / 4) + 16 * c);
-      const __m512i xv = _mm512_loadu_si512(xq[i] + 64 * c);
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wv, xv));
-      if (per_steps == 0) {   // XB = 32: each block's own x scale
-        const __m512 sxv = _mm512_loadu_ps(t.sxv + ((m0 + i) * steps + c) * 16);
-        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(p, sxv), s, acc[i]);
-      } else {
-        part[i] = _mm512_fmadd_ps(p, s, part[i]);
+  const int gshift = t.G == 64 ? 1 : 0;                  // 32-column blocks per weight group: 1 or 2
+  const int64_t span = per_steps > 0 ? per_steps : steps;  // the steps under one x scale (XB = 32: inside)
+  for (int64_t a = 0; a < steps; a += span) {            // nested, not a modulo per step (it cost 2x here)
+    const int64_t end = std::min(steps, a + span);
+    for (int64_t c = a; c < end; ++c) {
+      const bool half = 2 * c + 1 >= blocks;
+      _mm_prefetch(reinterpret_cast<const char*>(wr + (KIND == kInt8 ? 64 : 32) * c + 1024), _MM_HINT_T0);
+      const __m512i wv = WeightStep512(t, wr, c, half);
+      const float s0 = sw[(2 * c) >> gshift], s1 = half ? 0.f : sw[(2 * c + 1) >> gshift];
+      const __m512 s = _mm512_mask_blend_ps(upper, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+      for (int i = 0; i < MB; ++i) {
+        const __m512i start = _mm512_loadu_si512(t.corr + (m0 + i) * (t.Dp / 4) + 16 * c);
+        const __m512i xv = _mm512_loadu_si512(xq[i] + 64 * c);
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wv, xv));
+        if (per_steps == 0) {   // XB = 32: each block's own x scale
+          const __m512 sxv = _mm512_loadu_ps(t.sxv + ((m0 + i) * steps + c) * 16);
+          acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(p, sxv), s, acc[i]);
+        } else {
+          part[i] = _mm512_fmadd_ps(p, s, part[i]);
+        }
       }
     }
-    if (per_steps > 0 && ((c + 1) % per_steps == 0 || c + 1 == steps)) {
-      const float* sx = t.sx + 2 * (c / per_steps) * per_steps;   // the scale block's first block
-      for (int i = 0; i < MB; ++i) {
-        acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(sx[(m0 + i) * blocks]), acc[i]);
+    if (per_steps > 0) {
+      for (int i = 0; i < MB; ++i) {   // the scale block's x scale (that of its first 32-column block)
+        acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(t.sx[(m0 + i) * blocks + 2 * a]), acc[i]);
         part[i] = _mm512_setzero_ps();
       }
     }
