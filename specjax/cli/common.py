@@ -239,7 +239,7 @@ def decode_spec(args, **overrides):
   from specjax import api
   settings = dict(drafter=args.drafter, ngram=args.ngram, draft_layers=args.draft_layers,
                   ngram_caps=args.ngram_caps, **index_kwargs(args), **head_kwargs(args))
-  for name in ("k", "tree", "acceptance", "temperature", "top_k", "top_p"):
+  for name in ("k", "tree", "acceptance", "temperature", "top_k", "top_p", "verify"):
     if getattr(args, name, None) is not None:
       settings[name] = getattr(args, name)
   ds = api.decode_spec(**{**settings, **overrides})

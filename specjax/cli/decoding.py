@@ -23,6 +23,9 @@ def register(sub) -> dict:
   g.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="0 = greedy")
   g.add_argument("--top-k", type=flags.NONNEG, default=0, help="0 = off")
   g.add_argument("--top-p", type=flags.PROBABILITY, default=1.0, help="1.0 = off")
+  g.add_argument("--verify", choices=flags.VERIFY, default="tokenwise",
+                 help="how sampled drafts are judged: token by token, or a chain as a block (Sun et al. 2024: "
+                      "lossless, accepts at least as much); greedy decoding is the same either way")
   g.add_argument("--seed", type=flags.NONNEG, default=0)
   g.add_argument("--batch-size", type=flags.COUNT, default=1)
   g.add_argument("--raw", action="store_true", help=RAW_HELP)

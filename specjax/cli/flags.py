@@ -13,6 +13,8 @@ import sys
 
 # --activations (kernels/cpu_qdot.ACTIVATIONS, named here so that --help imports no jax; a test keeps them equal)
 ACTIVATIONS = ("fp32", "int8", "int8-64", "int8-256")
+# --verify (speculative/acceptance.VERIFY_RULES, named here for the same reason; tests/test_block_verify.py)
+VERIFY = ("tokenwise", "block")
 
 
 class Parser(argparse.ArgumentParser):

@@ -21,6 +21,7 @@ from specjax.models import buffers, sampling
 from specjax.models.buffers import DEFAULT_MAX_LEN
 from specjax.speculative import registry as drafter_registry
 from specjax.speculative.drafters import DynamicShape, shape_for
+from specjax.speculative.acceptance import VERIFY_RULES
 from specjax.speculative.trees import specs as tree_shapes
 
 # ----------------------------------------------------------------------------------------------------------
@@ -154,6 +155,7 @@ class DecodeSpec:
   sampling: sampling.SamplingParams = sampling.SamplingParams()
   index_tokens: int | None = None              # suffix: the index's token slots (None: the drafter's default)
   head_weights: str | None = None              # eagle*: the trained head's weight type (None: the target's)
+  verify: str = "tokenwise"                    # how sampled drafts are judged: tokenwise or block (chains)
   choice: TreeChoice | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
   """The tree resolved (None: the chain of k), checked against the largest buffer ``buffers`` allows."""
 
@@ -175,6 +177,11 @@ class DecodeSpec:
       raise SpecjaxError(f"--ngram must be >= 1, got {self.ngram}")
     if not kind.trees and choice is not None and choice.shape.max_depth != choice.num_nodes:
       raise SpecjaxError(f"drafter '{self.drafter}' drafts chains only: drop --tree (or give chain:K)")
+    if self.verify not in VERIFY_RULES:
+      raise SpecjaxError(f"unknown verification rule '{self.verify}': use {' or '.join(VERIFY_RULES)}")
+    if self.verify == "block" and choice is not None and choice.shape.max_depth != choice.num_nodes:
+      raise SpecjaxError("--verify block judges a chain of drafts, and --tree drafts a tree: drop --tree (or "
+                         "give chain:K), or verify the tree token by token (--verify tokenwise)")
 
   @property
   def kind(self) -> drafter_registry.Kind:

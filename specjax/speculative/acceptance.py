@@ -6,6 +6,9 @@
                         for a chain; SpecInfer / SpecTr / Sequoia for trees): lossless.  p and q are the
                         *filtered* distributions (temperature, top-k, top-p via ``sampling.filtered_logits``),
                         so the output is distributed exactly as plain sampling with the same settings.
+  BlockVerification     block verification of a chain (Sun et al. 2024, ``trees/block_verify.py``): lossless,
+                        and accepts at least as many tokens as token-wise rejection in expectation; chains
+                        only (``--verify block``).
 
 A rule is called as ``rule(tree, target_logits_BxN1xV, q_BxN1xV, key, sp, without_replacement)`` and returns
 ``tree.TreeAcceptance``; the rules themselves live in ``tree.py`` beside the tree data.
@@ -17,7 +20,10 @@ from typing import Protocol
 
 import jax
 
+from specjax.speculative.trees.block_verify import accept_block
 from specjax.speculative.trees.device import Tree, TreeAcceptance, accept_greedy, accept_sampling
+
+VERIFY_RULES = ("tokenwise", "block")   # --verify: how sampled drafts are judged (greedy is greedy either way)
 
 
 class AcceptanceRule(Protocol):
@@ -48,5 +54,20 @@ class SpeculativeSampling:
     return accept_sampling(tree, target_logits, q, key, sp, without_replacement, self.residual_update)
 
 
-def rule_for(sp) -> GreedyAcceptance | SpeculativeSampling:
-  return GreedyAcceptance() if sp.greedy else SpeculativeSampling()
+@dataclasses.dataclass(frozen=True)
+class BlockVerification:
+  """``broken``: a deliberately wrong variant (``accept_block`` names them; tests show they catch them)."""
+  broken: str | None = None
+
+  def __call__(self, tree, target_logits, q, key, sp, without_replacement) -> TreeAcceptance:
+    del without_replacement   # one child per node
+    return accept_block(tree, target_logits, q, key, sp, self.broken)
+
+
+def rule_for(sp, verify: str = "tokenwise") -> GreedyAcceptance | SpeculativeSampling | BlockVerification:
+  """The rule for sampling settings ``sp`` and a verification rule name (``VERIFY_RULES``)."""
+  if verify not in VERIFY_RULES:
+    raise ValueError(f"unknown verification rule {verify!r}: choose one of {', '.join(VERIFY_RULES)}")
+  if sp.greedy:
+    return GreedyAcceptance()
+  return BlockVerification() if verify == "block" else SpeculativeSampling()
