@@ -118,3 +118,26 @@ def test_verify_flag_reaches_the_engine(tiny_model):
   sampled, stats = api.generate(m, prompts, max_new_tokens=12, drafter="ngram", k=3, verify="block",
                                 temperature=1.0, seed=1)
   assert all(len(g.token_ids) > 0 for g in sampled) and stats["drafted_tokens"] > 0
+
+
+def test_bench_compares_both_rules_under_sampling_in_one_paired_run(tiny_model):
+  """``bench --temperature 1 --verify tokenwise,block``: plain decoding and both rules on the same prompts, each
+  prompt batch sampled from one key for every method (``batch_key``); τ and α per rule; at temperature 0 the
+  block rule is greedy acceptance (identical outputs)."""
+  from specjax import api
+  from specjax.eval import bench
+  m = api.load(tiny_model)
+  prompts = [api.Prompt(i, "qa", f"the world the world {i}") for i in range(2)]
+  r = bench.bench(m, prompts, drafter="model", draft=m, k=3, max_new_tokens=8, bandwidth={"best": 10.0},
+                  temperature=1.0, verify=["tokenwise", "block"], seed=5, log=lambda *a: None)
+  assert r["temperature"] == 1.0 and r["seed"] == 5
+  rules = [t.get("verify", "tokenwise") for t in r["methods"]]
+  assert rules == ["tokenwise", "block"], rules
+  assert [t["method"] for t in r["methods"]] == ["model k=3", "model k=3 verify=block"]
+  for t in r["methods"]:
+    assert t["drafted_tokens"] > 0 and 1.0 <= t["mean_accepted_length"] <= 4.0 and 0 <= t["acceptance_rate"] <= 1
+  g = bench.bench(m, prompts, drafter="model", draft=m, k=3, max_new_tokens=8, bandwidth={"best": 10.0},
+                  verify="block", log=lambda *a: None)
+  assert g["outputs_identical"] == g["outputs_compared"] == 2
+  a, b = bench.batch_key(5, np.zeros((1, 4), np.int32)), bench.batch_key(5, np.ones((1, 4), np.int32))
+  assert not np.array_equal(np.asarray(a), np.asarray(b))

@@ -280,9 +280,11 @@ def check_drafter(args) -> None:
   flags on to a library call (``bench``, ``serve``, ...): the decode of each ``--tree`` (``decode_spec``),
   ``--buckets`` and ``--adapt``, all before any loading."""
   trees = args.tree if isinstance(getattr(args, "tree", None), list) else [getattr(args, "tree", None)]
+  rules = args.verify if isinstance(getattr(args, "verify", None), list) else [getattr(args, "verify", None)]
   for tree in trees:
     acc = None if len(trees) > 1 and str(tree).startswith("dynamic") else getattr(args, "acceptance", None)
-    decode_spec(args, tree=tree, acceptance=acc)
+    for rule in rules:                      # bench: each verification rule it compares
+      decode_spec(args, tree=tree, acceptance=acc, **({} if rule is None else {"verify": rule}))
   if getattr(args, "buckets", None) is not None:
     parse_buckets(args.buckets)
   adapter_factory(args)                     # --adapt with a drafter that has no head, bad settings

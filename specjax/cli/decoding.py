@@ -20,13 +20,7 @@ def register(sub) -> dict:
   g.add_argument("--category", action="append", help="keep only this prompt category (repeatable)")
   g.add_argument("--limit", type=flags.COUNT, help="use only the first N prompts")
   g.add_argument("--max-new-tokens", type=flags.COUNT, default=128)
-  g.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="0 = greedy")
-  g.add_argument("--top-k", type=flags.NONNEG, default=0, help="0 = off")
-  g.add_argument("--top-p", type=flags.PROBABILITY, default=1.0, help="1.0 = off")
-  g.add_argument("--verify", choices=flags.VERIFY, default="tokenwise",
-                 help="how sampled drafts are judged: token by token, or a chain as a block (Sun et al. 2024: "
-                      "lossless, accepts at least as much); greedy decoding is the same either way")
-  g.add_argument("--seed", type=flags.NONNEG, default=0)
+  add_sampling_flags(g)
   g.add_argument("--batch-size", type=flags.COUNT, default=1)
   g.add_argument("--raw", action="store_true", help=RAW_HELP)
   common.add_mesh_flags(g)
@@ -66,6 +60,8 @@ def register(sub) -> dict:
                  help="also predict each speculative result's speedup on a published device spec (h100-sxm, "
                       "h200, a100-sxm-80gb, tpu-v5e) from its measured τ and acceptance, with the draft's cost "
                       "there, as one compiled program (xla) and as PyTorch eager launches (eager)")
+  add_sampling_flags(b, seed_help="each prompt batch samples from a key made of it and the batch's tokens, the "
+                                    "same for plain and speculative decoding", many_rules=True)
   common.add_drafter_flags(b, many_trees=True)
   common.add_mesh_flags(b)
   b.add_argument("--json", action="store_true")
@@ -139,6 +135,22 @@ def cmd_tokenize(args) -> int:
   return 0
 
 
+def add_sampling_flags(g, seed_help: str | None = None, many_rules: bool = False) -> None:
+  """--temperature, --top-k, --top-p, --verify and --seed (generate, bench; bench's --verify may name both
+  rules, compared in one paired run)."""
+  g.add_argument("--temperature", type=flags.TEMPERATURE, default=0.0, help="0 = greedy")
+  g.add_argument("--top-k", type=flags.NONNEG, default=0, help="0 = off")
+  g.add_argument("--top-p", type=flags.PROBABILITY, default=1.0, help="1.0 = off")
+  rule_help = ("how sampled drafts are judged: token by token, or a chain as a block (Sun et al. 2024: lossless, "
+               "accepts at least as much); greedy decoding is the same either way")
+  if many_rules:
+    g.add_argument("--verify", type=flags.verify_rules, default=["tokenwise"],
+                   help=rule_help + "; 'tokenwise,block' compares both in the same paired run")
+  else:
+    g.add_argument("--verify", choices=flags.VERIFY, default="tokenwise", help=rule_help)
+  g.add_argument("--seed", type=flags.NONNEG, default=0, help=seed_help)
+
+
 def cmd_bench(args) -> int:
   from specjax.eval import bench
   from specjax.measure.devices import published_spec
@@ -151,7 +163,9 @@ def cmd_bench(args) -> int:
   res = bench.bench(m, prompts, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                     max_len=args.max_len, ignore_eos=args.ignore_eos, draft=common.load_draft(args, m),
                     repeats=args.repeats, paired=args.schedule == "paired", log=common.log, mesh=args.mesh,
-                    chat=False if args.raw else None, project=args.project, **common.drafter_kwargs(args))
+                    chat=False if args.raw else None, project=args.project, temperature=args.temperature,
+                    top_k=args.top_k, top_p=args.top_p, verify=args.verify, seed=args.seed,
+                    **common.drafter_kwargs(args))
   res.update(common.executables())
   generations = res.pop("generations", [])
   if args.outputs:

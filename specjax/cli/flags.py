@@ -97,3 +97,13 @@ def weight_kinds(text: str) -> list[str]:
   if not kinds:
     raise argparse.ArgumentTypeError(f"no weight type in {text!r}: use e.g. fp32,int8,int4")
   return kinds
+
+
+def verify_rules(text: str) -> list[str]:
+  """An argparse type: verification rules separated by commas, e.g. 'tokenwise,block' (bench compares them)."""
+  rules = [t.strip() for t in text.split(",") if t.strip()]
+  bad = [r for r in rules if r not in VERIFY]
+  if bad or not rules:
+    raise argparse.ArgumentTypeError(f"unknown verification rule {(bad or [text])[0]!r}: use {' or '.join(VERIFY)}, "
+                                     "or both separated by a comma")
+  return rules

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import zlib
 from typing import Any, NamedTuple
 
 import jax
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import buffers, decode
+from specjax.models.sampling import SamplingParams
 from specjax.parallel import distributed
 from specjax.measure import provenance
 from specjax.measure import paired as paired_lib
@@ -52,12 +54,18 @@ class Timer:
     return {"compile_s": self.compile_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s}
 
 
+def batch_key(seed: int, arr) -> jax.Array:
+  """The PRNG key of a prompt batch under sampling: from ``seed`` and the batch's tokens, so that every method
+  samples a prompt from the same key, and each prompt batch from its own."""
+  return jax.random.fold_in(jax.random.PRNGKey(seed), zlib.crc32(np.ascontiguousarray(arr).tobytes()) & 0x7FFFFFFF)
+
+
 def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int, max_len: int, k_max: int,
-                        timer: Timer):
+                        timer: Timer, seed: int = 0):
   """Prefill (timed apart), then the decode loop alone, timed: (decode seconds, final state)."""
   B = arr.shape[0]
   run = run_batch(m, engine, draft_params, arr, lens, np.full((B,), max_new, np.int32),
-                  np.full((B,), k_max, np.int32), jax.random.PRNGKey(0), max_len,
+                  np.full((B,), k_max, np.int32), batch_key(seed, arr), max_len,
                   log=lambda msg: timer.log(f"[bench] {msg}"))
   timer.compile_s += run.compile_s
   timer.prefill_s += run.prefill_s
@@ -73,27 +81,35 @@ class Method:
   draft_params: Any
   k_max: int
   settings: dict
+  seed: int = 0          # under sampling: each prompt batch's key comes from it (``batch_key``)
 
 
 AR_LABEL = "autoregressive"     # plain decoding's method name (bench --outputs, eval-code)
 
 
-def autoregressive_method(m: Model, eos_ids, max_len: int, batch_size: int | None = None) -> Method:
-  d = build(m, DecodeSpec(), eos_ids=eos_ids, max_len=max_len, batch_size=batch_size)
-  return Method(AR_LABEL, d.engine, (), 0, {"drafter": "none", "k": 0})
+def autoregressive_method(m: Model, eos_ids, max_len: int, batch_size: int | None = None,
+                          sampling: SamplingParams = SamplingParams(), seed: int = 0) -> Method:
+  d = build(m, DecodeSpec(sampling=sampling), eos_ids=eos_ids, max_len=max_len, batch_size=batch_size)
+  return Method(AR_LABEL, d.engine, (), 0, {"drafter": "none", "k": 0}, seed)
 
 
 def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int = 4, ngram: int = 3,
                        draft_layers=None, draft: Model | None = None, ngram_caps=DEFAULT_NGRAM_CAPS,
                        tree=None, acceptance=None, batch_size: int | None = None,
-                       index_tokens: int | None = None, head_weights: str | None = None) -> Method:
+                       index_tokens: int | None = None, head_weights: str | None = None,
+                       sampling: SamplingParams = SamplingParams(), verify: str = "tokenwise",
+                       seed: int = 0) -> Method:
   """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
   sequoia) replaces the chain of ``k`` by a token tree of N nodes.  With ``batch_size`` its memory bill must
-  fit the device.  ``head_weights``: a trained head's weight type (default the target's)."""
+  fit the device.  ``head_weights``: a trained head's weight type (default the target's).  ``sampling`` and
+  ``verify``: the sampling settings and the rule for sampled drafts (``DecodeSpec``)."""
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
-                  draft_layers=draft_layers, index_tokens=index_tokens, head_weights=head_weights)
+                  draft_layers=draft_layers, index_tokens=index_tokens, head_weights=head_weights,
+                  sampling=sampling, verify=verify)
   d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft, batch_size=batch_size)
-  return Method(d.label, d.engine, d.draft_params, d.k_max, d.settings())
+  settings = d.settings() if verify == "tokenwise" else {**d.settings(), "verify": verify}
+  return Method(d.label if verify == "tokenwise" else f"{d.label} verify={verify}", d.engine, d.draft_params,
+                d.k_max, settings, seed)
 
 
 class Run(NamedTuple):
@@ -109,7 +125,7 @@ def decode_run(m: Model, method: Method, batch, max_new: int, max_len: int, time
   """Prefill one batch, then time its decode loop alone."""
   arr, lens, live = batch
   t, res = _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, max_new, max_len,
-                               method.k_max, timer)
+                               method.k_max, timer, method.seed)
   num_new = distributed.to_host(res.num_new_B)[:live]
   seq = distributed.to_host(res.seq_BxS)
   lookups = getattr(res.draft, "lookup_steps_B", None)
@@ -134,7 +150,8 @@ def time_methods(m: Model, methods: list[Method], batches, max_new: int, max_len
     run = lambda method, batch: decode_run(m, method, batch, max_new, max_len, timer)   # noqa: E731
     for method in methods:          # warm-up: compile, then a couple of steps of each
       arr, lens, _ = batches[0]
-      _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, 2, max_len, method.k_max, timer)
+      _prefill_and_decode(m, method.engine, method.draft_params, arr, lens, 2, max_len, method.k_max, timer,
+                          method.seed)
   seconds, tokens = np.zeros((M, R, P)), np.zeros((M, R, P), np.int64)
   stats, contexts, lookups = [None] * M, [[] for _ in range(M)], [None] * M
   outputs: list = [[None] * P for _ in range(M)]
@@ -278,7 +295,8 @@ def projected_on(device: str, m: Model, method: Method, metrics: dict, draft: Mo
 
 def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_len: int, eos_ids,
             draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
-            log=print, timer: Timer | None = None, project: str | None = None) -> tuple[dict, list[dict]]:
+            log=print, timer: Timer | None = None, project: str | None = None,
+            sampling: SamplingParams = SamplingParams(), seed: int = 0) -> tuple[dict, list[dict]]:
   """Plain decoding and each speculative setting in ``specs`` (``speculative_method`` keyword dicts, e.g.
   ``{"drafter": "ngram", "k": 5}``, ``{"drafter": "ngram", "tree": "branch:2,2"}`` or, with its own
   ``draft``, ``{"drafter": "eagle", "k": 5, "draft": DIR}``) on the same batches,
@@ -287,11 +305,14 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   Returns (autoregressive results with the roofline, one result dict per spec): totals as before (tokens/s
   over all runs, speedup = ratio of totals), the paired statistics of ``paired.summarize``, acceptance
   metrics, and the speedup predicted from τ and the draft and verify costs timed alone; with ``project`` (a
-  published device spec's name) also what the cost model predicts there (``projected_on``)."""
+  published device spec's name) also what the cost model predicts there (``projected_on``).  ``sampling``:
+  every method samples with these settings (each prompt batch from its own key, ``batch_key(seed, …)``, the
+  same for every method); a spec may carry ``verify``."""
   timer = timer or Timer(log)
   batch_size = batches[0][0].shape[0]
-  methods = [autoregressive_method(m, eos_ids, max_len, batch_size)] + [   # each refused if it cannot fit
-      speculative_method(m, eos_ids, max_len, batch_size=batch_size, **{"draft": draft, **sp}) for sp in specs]
+  methods = [autoregressive_method(m, eos_ids, max_len, batch_size, sampling, seed)] + [   # each refused if
+      speculative_method(m, eos_ids, max_len, batch_size=batch_size,                     # it cannot fit
+                         **{"draft": draft, "sampling": sampling, "seed": seed, **sp}) for sp in specs]
   bw_before = bandwidth
   if bw_before is None:
     log("[bench] measuring read bandwidth (before decoding)")
@@ -347,9 +368,11 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     if project:
       results[-1]["projected"] = projected_on(project, m, method, metrics, draft, batch_size, mean_context,
                                               results[-1].get("lookup_step_share"))
+    same_text = (f"output identical to plain decoding for {same}/{compared} sequences" if sampling.greedy else
+                 f"α {metrics.get('acceptance_rate', float('nan')):.3f} (sampled: outputs differ from plain "
+                 "decoding's draws by design)")
     log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
-        f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; output identical to "
-        f"plain decoding for {same}/{compared} sequences")
+        f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; {same_text}")
   ar["outputs"] = timed["outputs"]
   return ar, results
 
@@ -370,13 +393,22 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           draft: Model | None = None, ignore_eos: bool = False, bandwidth: dict | None = None,
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
           mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print,
-          chat: bool | None = None, project: str | None = None) -> dict:
+          chat: bool | None = None, project: str | None = None, temperature: float = 0.0, top_k: int = 0,
+          top_p: float = 1.0, verify: str | list[str] = "tokenwise", seed: int = 0) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
-  before it — next to the machine's measured memory roofline.  Greedy; prefill excluded from every speed.
+  before it — next to the machine's measured memory roofline.  Greedy by default; prefill excluded from every
+  speed.
   ``chat``: prompts through the chat template (None: when the model has one; ``api.encode_prompts``).
   ``mesh`` ('DATAxMODEL' or a jax Mesh): both methods run sharded over it (``api.on_mesh``).  ``project``: a
-  published device spec's name; each speculative result also gives the speedup predicted there (``projected``)."""
+  published device spec's name; each speculative result also gives the speedup predicted there (``projected``).
+  ``temperature``/``top_k``/``top_p``: every method samples (``seed``: each prompt batch's key derives from it
+  and the batch, the same for every method); ``verify``: the rule for sampled drafts (tokenwise or block), or
+  a list of them, each a method of the same paired run."""
   kind = drafter_registry.get(drafter)
+  try:
+    sp = SamplingParams(temperature, top_k, top_p)
+  except ValueError as e:
+    raise SpecjaxError(str(e)) from e
   if project is not None:
     published_spec(project)            # an unknown name fails before any decoding
   if repeats < 1:
@@ -406,16 +438,17 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
       f"{'paired' if paired else 'blocked'}")
   result = {"model": m.source, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_len": max_len,
             "prompts": len(prompts), "dtype": str(m.dtype), "weights": m.weights,
+            "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
             "backend": jax.default_backend(), "ignore_eos": ignore_eos, "machine": provenance.describe(),
             "mesh": None if m.mesh is None else "x".join(map(str, m.mesh.devices.shape))}
   log(f"[bench] machine: {provenance.short(result['machine'])}")
   specs = [] if not kind.speculates else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
-       "tree": t, "acceptance": acc_for(t), "index_tokens": index_tokens, "head_weights": head_weights}
-      for t in trees]
+       "tree": t, "acceptance": acc_for(t), "index_tokens": index_tokens, "head_weights": head_weights,
+       "verify": v} for t in trees for v in ([verify] if isinstance(verify, str) else verify)]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
-                             timer=timer, project=project)
+                             timer=timer, project=project, sampling=sp, seed=seed)
   outputs = ar.pop("outputs")
   result["generations"] = _generations(m, prompts, [AR_LABEL] + [r["method"] for r in spec_results],
                                        outputs)
