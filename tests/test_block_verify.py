@@ -141,3 +141,39 @@ def test_bench_compares_both_rules_under_sampling_in_one_paired_run(tiny_model):
   assert g["outputs_identical"] == g["outputs_compared"] == 2
   a, b = bench.batch_key(5, np.zeros((1, 4), np.int32)), bench.batch_key(5, np.ones((1, 4), np.int32))
   assert not np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_synthetic_acceptance_keeps_each_draft_with_probability_alpha(tiny_model):
+  """``bench --synthetic-alpha A`` (not lossless): at α = 0 nothing is accepted, at α = 1 every draft, and in
+  between the first position's acceptance is α within 4σ over 20,000 sequences (micro model); α outside [0, 1]
+  and a tree are refused in one line."""
+  from specjax import api
+  from specjax.errors import SpecjaxError
+  from specjax.eval import bench
+  from specjax.speculative.acceptance import SyntheticAcceptance
+  target, draft = _micro_params(6), _micro_params(8)
+  sp = sampling.SamplingParams()
+
+  def first_position(alpha):
+    eng = Engine(cfg=MICRO, drafter=ModelDrafter(MICRO), k_max=K, sp=sp, acceptance=SyntheticAcceptance(alpha))
+    cache = kv_cache.init_cache(MICRO, N_SAMPLES, 16)
+    prompt = jnp.tile(jnp.asarray(MICRO_PROMPT, jnp.int32), (N_SAMPLES, 1))
+    st = generate(target, draft, cache, prompt, jnp.full((N_SAMPLES,), 3), jnp.full((N_SAMPLES,), 3),
+                  jnp.full((N_SAMPLES,), 8), jax.random.PRNGKey(11), engine=eng)
+    s = st.stats
+    return float(s.pos_accepted_D[0]) / float(np.sum(s.verify_steps_B)), s
+  assert first_position(0.0)[0] == 0.0
+  one, s = first_position(1.0)
+  assert one == 1.0 and int(s.pos_accepted_D[K - 1]) > 0
+  got, _ = first_position(0.6)
+  assert abs(got - 0.6) < 4 * np.sqrt(0.6 * 0.4 / N_SAMPLES), got
+  with pytest.raises(SpecjaxError, match="--synthetic-alpha is a probability"):
+    api.decode_spec(drafter="ngram", synthetic_alpha=1.5)
+  with pytest.raises(SpecjaxError, match="--tree drafts a tree"):
+    api.decode_spec(drafter="ngram", tree="branch:2,2", synthetic_alpha=0.5)
+  m = api.load(tiny_model)
+  prompts = [api.Prompt(i, "qa", f"the world the world {i}") for i in range(2)]
+  r = bench.bench(m, prompts, drafter="model", draft=m, k=3, max_new_tokens=12, bandwidth={"best": 10.0},
+                  synthetic_alpha=1.0, log=lambda *a: None)
+  assert r["synthetic_alpha"] == 1.0 and r["method"].endswith("synthetic α=1")
+  assert r["acceptance_rate"] > 0.9, r["acceptance_rate"]

@@ -62,6 +62,9 @@ def register(sub) -> dict:
                       "there, as one compiled program (xla) and as PyTorch eager launches (eager)")
   add_sampling_flags(b, seed_help="each prompt batch samples from a key made of it and the batch's tokens, the "
                                     "same for plain and speculative decoding", many_rules=True)
+  b.add_argument("--synthetic-alpha", type=flags.FRACTION, default=None, metavar="A",
+                 help="not lossless: keep each draft of a chain with probability A whatever the target says, to "
+                      "measure the system's cost at a chosen acceptance (τ = A + A^2 + ... + A^k)")
   common.add_drafter_flags(b, many_trees=True)
   common.add_mesh_flags(b)
   b.add_argument("--json", action="store_true")
@@ -165,6 +168,7 @@ def cmd_bench(args) -> int:
                     repeats=args.repeats, paired=args.schedule == "paired", log=common.log, mesh=args.mesh,
                     chat=False if args.raw else None, project=args.project, temperature=args.temperature,
                     top_k=args.top_k, top_p=args.top_p, verify=args.verify, seed=args.seed,
+                    synthetic_alpha=args.synthetic_alpha,
                     **common.drafter_kwargs(args))
   res.update(common.executables())
   generations = res.pop("generations", [])

@@ -98,18 +98,22 @@ def speculative_method(m: Model, eos_ids, max_len: int, *, drafter: str, k: int 
                        tree=None, acceptance=None, batch_size: int | None = None,
                        index_tokens: int | None = None, head_weights: str | None = None,
                        sampling: SamplingParams = SamplingParams(), verify: str = "tokenwise",
-                       seed: int = 0) -> Method:
+                       seed: int = 0, synthetic_alpha: float | None = None) -> Method:
   """A drafter setting; ``tree`` (a spec such as ``branch:4,2`` or ``sequoia:16``, with ``acceptance`` for
   sequoia) replaces the chain of ``k`` by a token tree of N nodes.  With ``batch_size`` its memory bill must
   fit the device.  ``head_weights``: a trained head's weight type (default the target's).  ``sampling`` and
-  ``verify``: the sampling settings and the rule for sampled drafts (``DecodeSpec``)."""
+  ``verify``: the sampling settings and the rule for sampled drafts (``DecodeSpec``); ``synthetic_alpha``:
+  each draft kept with that probability instead (not lossless: the system's cost at a chosen acceptance)."""
   ds = DecodeSpec(drafter=drafter, k=k, tree=tree, acceptance=acceptance, ngram=ngram, ngram_caps=ngram_caps,
                   draft_layers=draft_layers, index_tokens=index_tokens, head_weights=head_weights,
-                  sampling=sampling, verify=verify)
+                  sampling=sampling, verify=verify, synthetic_alpha=synthetic_alpha)
   d = build(m, ds, eos_ids=eos_ids, max_len=max_len, draft=draft, batch_size=batch_size)
-  settings = d.settings() if verify == "tokenwise" else {**d.settings(), "verify": verify}
-  return Method(d.label if verify == "tokenwise" else f"{d.label} verify={verify}", d.engine, d.draft_params,
-                d.k_max, settings, seed)
+  settings, label = d.settings(), d.label
+  if verify != "tokenwise":
+    settings, label = {**settings, "verify": verify}, f"{label} verify={verify}"
+  if synthetic_alpha is not None:
+    settings, label = {**settings, "synthetic_alpha": synthetic_alpha}, f"{label} synthetic α={synthetic_alpha:g}"
+  return Method(label, d.engine, d.draft_params, d.k_max, settings, seed)
 
 
 class Run(NamedTuple):
@@ -368,9 +372,10 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
     if project:
       results[-1]["projected"] = projected_on(project, m, method, metrics, draft, batch_size, mean_context,
                                               results[-1].get("lookup_step_share"))
-    same_text = (f"output identical to plain decoding for {same}/{compared} sequences" if sampling.greedy else
-                 f"α {metrics.get('acceptance_rate', float('nan')):.3f} (sampled: outputs differ from plain "
-                 "decoding's draws by design)")
+    same_text = (f"output identical to plain decoding for {same}/{compared} sequences"
+                 if sampling.greedy and "synthetic_alpha" not in method.settings else
+                 f"α {metrics.get('acceptance_rate', float('nan')):.3f} (sampled or synthetic: outputs differ from plain "
+                 "decoding's by design)")
     log(f"[bench] {method.label}: speedup {stats['speedup']:.3f} (median {stats['speedup_median']:.3f}, 95% CI "
         f"{stats['speedup_ci95'][0]:.3f}-{stats['speedup_ci95'][1]:.3f}), τ {tau:.3f}; {same_text}")
   ar["outputs"] = timed["outputs"]
@@ -394,7 +399,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
           ngram_caps=DEFAULT_NGRAM_CAPS, repeats: int = 1, paired: bool = True, tree=None, acceptance=None,
           mesh=None, index_tokens: int | None = None, head_weights: str | None = None, log=print,
           chat: bool | None = None, project: str | None = None, temperature: float = 0.0, top_k: int = 0,
-          top_p: float = 1.0, verify: str | list[str] = "tokenwise", seed: int = 0) -> dict:
+          top_p: float = 1.0, verify: str | list[str] = "tokenwise", seed: int = 0,
+          synthetic_alpha: float | None = None) -> dict:
   """Autoregressive decoding — and, with a drafter, speculative decoding of each prompt right after or
   before it — next to the machine's measured memory roofline.  Greedy by default; prefill excluded from every
   speed.
@@ -403,7 +409,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   published device spec's name; each speculative result also gives the speedup predicted there (``projected``).
   ``temperature``/``top_k``/``top_p``: every method samples (``seed``: each prompt batch's key derives from it
   and the batch, the same for every method); ``verify``: the rule for sampled drafts (tokenwise or block), or
-  a list of them, each a method of the same paired run."""
+  a list of them, each a method of the same paired run.  ``synthetic_alpha``: each draft kept with that
+  probability (``acceptance.SyntheticAcceptance``: the system's cost at a chosen τ, not lossless)."""
   kind = drafter_registry.get(drafter)
   try:
     sp = SamplingParams(temperature, top_k, top_p)
@@ -445,7 +452,8 @@ def bench(m: Model, prompts: list[Prompt], *, batch_size: int = 1, max_new_token
   specs = [] if not kind.speculates else [
       {"drafter": drafter, "k": k, "ngram": ngram, "draft_layers": draft_layers, "ngram_caps": ngram_caps,
        "tree": t, "acceptance": acc_for(t), "index_tokens": index_tokens, "head_weights": head_weights,
-       "verify": v} for t in trees for v in ([verify] if isinstance(verify, str) else verify)]
+       "verify": v, "synthetic_alpha": synthetic_alpha}
+      for t in trees for v in ([verify] if isinstance(verify, str) else verify)]
   ar, spec_results = compare(m, batches, specs, max_new_tokens=max_new_tokens, max_len=max_len, eos_ids=eos,
                              draft=draft, repeats=repeats, paired=paired, bandwidth=bandwidth, log=log,
                              timer=timer, project=project, sampling=sp, seed=seed)

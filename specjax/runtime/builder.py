@@ -25,6 +25,7 @@ from specjax.runtime.loaded import Model, load
 from specjax.runtime.request import DecodeSpec
 from specjax.runtime.request import TreeChoice, tree_stats
 from specjax.speculative import registry as drafter_registry
+from specjax.speculative.acceptance import SyntheticAcceptance
 
 
 def parse_layers(spec, num_layers: int) -> tuple[int, ...]:
@@ -95,10 +96,14 @@ def vocabulary_map(m: Model, draft: Model, kind, log=say, width: int | None = No
 
 
 def make_engine(m: Model, drafter, k_max: int, sp: sampling.SamplingParams, eos_ids: tuple[int, ...],
-                max_len: int, tree=None, verify: str = "tokenwise") -> spec.Engine:
+                max_len: int, tree=None, verify: str = "tokenwise",
+                synthetic_alpha: float | None = None) -> spec.Engine:
   """``tree``: the engine's shape (``TreeChoice.shape``: a StaticTree or a DynamicShape with k_max nodes);
-  None drafts the chain of k_max.  ``verify``: the rule for sampled drafts (``acceptance.VERIFY_RULES``)."""
+  None drafts the chain of k_max.  ``verify``: the rule for sampled drafts (``acceptance.VERIFY_RULES``);
+  ``synthetic_alpha``: instead, each draft kept with that probability (``acceptance.SyntheticAcceptance``)."""
   rule = None if verify == "tokenwise" else spec.rule_for(sp, verify)
+  if synthetic_alpha is not None:
+    rule = SyntheticAcceptance(synthetic_alpha)
   return spec.Engine(cfg=m.cfg, drafter=drafter, k_max=k_max, sp=sp, eos_ids=eos_ids,
                      buckets=buffers.kv_buckets(max_len), tree=tree, acceptance=rule)
 
@@ -275,7 +280,8 @@ def build(m: Model, ds: DecodeSpec, *, eos_ids: Sequence[int] = (), max_len: int
     check_memory(m, max_len, k_max, batch_size, draft.cfg if kind.draft_model and draft is not None else None,
                  sampling_=not ds.sampling.greedy, budget=memory_budget, drafter=d_obj)
   engine = make_engine(m, d_obj, k_max, ds.sampling, tuple(eos_ids), max_len,
-                       tree=choice.shape if choice else None, verify=ds.verify)
+                       tree=choice.shape if choice else None, verify=ds.verify,
+                       synthetic_alpha=ds.synthetic_alpha)
   layers = parse_layers(ds.draft_layers, m.cfg.num_layers) if kind.layers else None
   vmap = vocabulary_map(m, draft, kind) if kind.draft_model else None
   return Decode(ds, engine, d_params, k_max, choice, max_len, draft if kind.draft_model else None, layers,

@@ -156,6 +156,7 @@ class DecodeSpec:
   index_tokens: int | None = None              # suffix: the index's token slots (None: the drafter's default)
   head_weights: str | None = None              # eagle*: the trained head's weight type (None: the target's)
   verify: str = "tokenwise"                    # how sampled drafts are judged: tokenwise or block (chains)
+  synthetic_alpha: float | None = None         # not lossless: each draft kept with this probability (chains)
   choice: TreeChoice | None = dataclasses.field(default=None, init=False, compare=False, repr=False)
   """The tree resolved (None: the chain of k), checked against the largest buffer ``buffers`` allows."""
 
@@ -179,6 +180,12 @@ class DecodeSpec:
       raise SpecjaxError(f"drafter '{self.drafter}' drafts chains only: drop --tree (or give chain:K)")
     if self.verify not in VERIFY_RULES:
       raise SpecjaxError(f"unknown verification rule '{self.verify}': use {' or '.join(VERIFY_RULES)}")
+    if self.synthetic_alpha is not None:
+      if not 0.0 <= self.synthetic_alpha <= 1.0:
+        raise SpecjaxError(f"--synthetic-alpha is a probability: give a value in [0, 1], got {self.synthetic_alpha}")
+      if choice is not None and choice.shape.max_depth != choice.num_nodes:
+        raise SpecjaxError("--synthetic-alpha keeps each draft of a chain with that probability, and --tree drafts "
+                           "a tree: drop --tree (or give chain:K)")
     if self.verify == "block" and choice is not None and choice.shape.max_depth != choice.num_nodes:
       raise SpecjaxError("--verify block judges a chain of drafts, and --tree drafts a tree: drop --tree (or "
                          "give chain:K), or verify the tree token by token (--verify tokenwise)")

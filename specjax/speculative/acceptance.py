@@ -9,6 +9,8 @@
   BlockVerification     block verification of a chain (Sun et al. 2024, ``trees/block_verify.py``): lossless,
                         and accepts at least as many tokens as token-wise rejection in expectation; chains
                         only (``--verify block``).
+  SyntheticAcceptance   not lossless: each draft of a chain kept with probability α (``trees/synthetic.py``),
+                        to measure the system's cost at a chosen acceptance (``bench --synthetic-alpha``).
 
 A rule is called as ``rule(tree, target_logits_BxN1xV, q_BxN1xV, key, sp, without_replacement)`` and returns
 ``tree.TreeAcceptance``; the rules themselves live in ``tree.py`` beside the tree data.
@@ -22,6 +24,7 @@ import jax
 
 from specjax.speculative.trees.block_verify import accept_block
 from specjax.speculative.trees.device import Tree, TreeAcceptance, accept_greedy, accept_sampling
+from specjax.speculative.trees.synthetic import accept_synthetic
 
 VERIFY_RULES = ("tokenwise", "block")   # --verify: how sampled drafts are judged (greedy is greedy either way)
 
@@ -62,6 +65,23 @@ class BlockVerification:
   def __call__(self, tree, target_logits, q, key, sp, without_replacement) -> TreeAcceptance:
     del without_replacement   # one child per node
     return accept_block(tree, target_logits, q, key, sp, self.broken)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticAcceptance:
+  """Each draft of a chain kept with probability ``alpha`` (0 <= alpha <= 1), whatever p and q say."""
+  alpha: float
+
+  def __post_init__(self):
+    if not 0.0 <= self.alpha <= 1.0:
+      raise ValueError(f"synthetic acceptance must be in [0, 1], got {self.alpha}")
+
+  def __call__(self, tree, target_logits, q, key, sp, without_replacement) -> TreeAcceptance:
+    del q, without_replacement
+    return accept_synthetic(tree, target_logits, key, sp, self.alpha)
+
+
+CHAIN_ONLY = (BlockVerification, SyntheticAcceptance)   # rules defined for one drafted sequence
 
 
 def rule_for(sp, verify: str = "tokenwise") -> GreedyAcceptance | SpeculativeSampling | BlockVerification:

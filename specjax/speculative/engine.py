@@ -63,7 +63,7 @@ from specjax.models import decode, decoder as model_lib, sampling, sampling_rows
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, compact
 from specjax.speculative import record as record_lib
-from specjax.speculative.acceptance import AcceptanceRule, BlockVerification, SpeculativeSampling, rule_for
+from specjax.speculative.acceptance import CHAIN_ONLY, AcceptanceRule, SpeculativeSampling, rule_for
 from specjax.speculative.drafters import Draft, DynamicShape, NoDrafter
 from specjax.speculative.protocol import Drafter, DraftSampling, DraftShape, DraftState, feature_layers
 from specjax.speculative.record import Record, Recorded
@@ -134,8 +134,8 @@ class Engine(NamedTuple):
   def rule(self) -> AcceptanceRule:
     if self.acceptance is not None:
       chain = getattr(self.shape, "parents", None) == tuple(range(-1, self.k_max))   # a dynamic tree has none
-      if isinstance(self.acceptance, BlockVerification) and not chain:
-        raise ValueError("block verification (--verify block) judges a chain of drafts; this engine drafts a tree: "
+      if isinstance(self.acceptance, CHAIN_ONLY) and not chain:
+        raise ValueError(f"{type(self.acceptance).__name__} judges a chain of drafts; this engine drafts a tree: "
                          "drop --tree, or verify it token by token (--verify tokenwise)")
       return self.acceptance
     # Per-row mode: one rule for every row; a greedy row's one-hot p makes it exactly greedy acceptance.
