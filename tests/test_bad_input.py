@@ -44,7 +44,7 @@ def assert_one_line(proc, *needles, after_loading: bool = False):
 
 def numeric_actions(p: argparse.ArgumentParser):
   from specjax.cli import flags
-  text = (str, flags.weight_kind, flags.weight_kinds)        # types that parse words, not numbers
+  text = (str, flags.weight_kind, flags.weight_kinds, flags.verify_rules)   # types that parse words, not numbers
   return [a for a in p._actions if a.option_strings and a.type is not None and a.type not in text]
 
 

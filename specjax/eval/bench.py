@@ -12,22 +12,21 @@ sides of each prompt's speedup; ``repeats`` runs the whole interleaved set again
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import zlib
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specjax.models import buffers, decode
+from specjax.eval.part_times import Timer, time_draft_and_verify
+from specjax.models import buffers
 from specjax.models.sampling import SamplingParams
 from specjax.parallel import distributed
 from specjax.measure import provenance
 from specjax.measure import paired as paired_lib
 from specjax.api import (AUTO_MAX_LEN_LIMIT, DEFAULT_NGRAM_CAPS, Model, check_fits, check_memory,
-                         device_inputs, run_batch, encode_prompts, on_mesh, resolve_tree, spec_metrics)
+                         run_batch, encode_prompts, on_mesh, resolve_tree, spec_metrics)
 from specjax.errors import SpecjaxError
 from specjax.models.kv_cache import cache_bytes
 from specjax.measure import calibrate, projection
@@ -35,29 +34,17 @@ from specjax.measure.devices import published_spec
 from specjax.prompts import Prompt
 from specjax.runtime.builder import DecodeSpec, build
 from specjax.speculative import registry as drafter_registry
-from specjax.speculative.trees import specs as tree_shapes
 
 
 def kv_bytes_per_token(m: Model) -> int:
   return cache_bytes(m.cfg, batch_size=1, max_len=1)   # k and v of one position, fp32 cache
 
 
-class Timer:
-  """Where a benchmark's wall time went: compiling (or reading executables from the compilation cache),
-  prefill, and the timed decode loops."""
-
-  def __init__(self, log=print):
-    self.compile_s = self.prefill_s = self.decode_s = 0.0
-    self.log = log
-
-  def as_dict(self) -> dict:
-    return {"compile_s": self.compile_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s}
-
-
 def batch_key(seed: int, arr) -> jax.Array:
   """The PRNG key of a prompt batch under sampling: from ``seed`` and the batch's tokens, so that every method
   samples a prompt from the same key, and each prompt batch from its own."""
-  return jax.random.fold_in(jax.random.PRNGKey(seed), zlib.crc32(np.ascontiguousarray(arr).tobytes()) & 0x7FFFFFFF)
+  tokens_crc = zlib.crc32(np.ascontiguousarray(arr).tobytes()) & 0x7FFFFFFF
+  return jax.random.fold_in(jax.random.PRNGKey(seed), tokens_crc)
 
 
 def _prefill_and_decode(m: Model, engine, draft_params, arr, lens, max_new: int, max_len: int, k_max: int,
@@ -195,71 +182,6 @@ def identical_outputs(plain: list, other: list) -> tuple[int, int]:
   pairs = [(a, b) for pa, pb in zip(plain, other) if pa is not None and pb is not None
            for a, b in zip(pa, pb)]
   return sum(a == b for a, b in pairs), len(pairs)
-
-
-def _verify_mask_N1xN1(shape) -> tuple[np.ndarray, np.ndarray]:
-  """(region mask [N1, N1], depths [N1]) of the verify forward that ``time_draft_and_verify`` times.
-
-  A static tree (a chain included) gets its own ancestor mask, exactly what the engine verifies.  A dynamic
-  tree changes every step, so it is timed with the chain's (causal) mask over the same N+1 rows: a proxy,
-  as the forward's cost is set by the number of live rows, hardly by which tree slots each row sees."""
-  static = shape if isinstance(shape, tree_shapes.StaticTree) else tree_shapes.chain(shape.num_nodes)
-  return static.ancestors(), np.asarray(static.depths, np.int32)
-
-
-def time_draft_and_verify(m: Model, engine, draft_params, arr, lens, max_len: int,
-                          repeats: int = 9, timer: Timer | None = None) -> tuple[float, dict[int, float]]:
-  """Measured cost of one propose (the engine's whole tree, or chain, of k_max = N draft nodes) and of one
-  verify forward with 1, ..., N+1 live rows under the tree's region mask (see ``_verify_mask_N1xN1``), each
-  timed alone (median), from the state right after prefill.  Caches are donated and fed back, as in the
-  loop, so no timing includes a copy of a KV buffer."""
-  timer = timer or Timer()
-  B = arr.shape[0]
-  K = engine.k_max
-  init_fn, _, seconds = m.executables.for_batch(m, engine, B, arr.shape[1], max_len, draft_params,
-                                                log=lambda msg: timer.log(f"[bench] {msg}"))
-  timer.compile_s += seconds
-  cache, inputs = device_inputs(m, B, max_len, arr, lens, np.full((B,), 2, np.int32))
-  state = init_fn(m.prefill_params, draft_params, cache, *inputs, jax.random.PRNGKey(0))
-  lengths = state.cache.lengths
-  mask_N1xN1, depth_N1 = _verify_mask_N1xN1(engine.shape)
-
-  @functools.partial(jax.jit, donate_argnums=(1,))
-  def propose(dp, draft_state, seq_BxS, last_B):
-    new_state, d = engine.drafter.propose(dp, draft_state, seq_BxS, lengths, last_B, engine.shape,
-                                          jax.random.PRNGKey(1), engine.sp)
-    return new_state, d.tokens_BxN1
-
-  @functools.partial(jax.jit, donate_argnums=(1,))
-  def verify(tp, cache, last_B, rows):
-    toks = jnp.concatenate([last_B[:, None], jnp.zeros((B, K), jnp.int32)], axis=1)
-    pos = lengths[:, None] + jnp.asarray(depth_N1)[None, :]
-    mask = jnp.broadcast_to(jnp.asarray(mask_N1xN1), (B, K + 1, K + 1))
-    out = decode.windowed_forward(tp, engine.cfg, toks, pos, cache.with_lengths(lengths),
-                                  buckets=engine.buckets, live_T=rows, region_mask_BxTxU=mask)
-    return out.cache, out.logits
-
-  seq, last = state.seq_BxS, state.last_B
-  t0 = time.perf_counter()
-  propose_c = propose.lower(draft_params, state.draft, seq, last).compile() if K else None
-  verify_c = verify.lower(m.exec_params, state.cache, last, jnp.int32(1)).compile()
-  timer.compile_s += time.perf_counter() - t0
-
-  def median(fn, carry):
-    times = []
-    for i in range(repeats + 1):
-      t0 = time.perf_counter()
-      carry, out = fn(carry)
-      jax.block_until_ready(out)
-      if i:                        # the first call warms up
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), carry
-
-  t_draft = median(lambda c: propose_c(draft_params, c, seq, last), state.draft)[0] if K else 0.0
-  t_verify, cache = {}, state.cache
-  for w in range(1, K + 2):
-    t_verify[w], cache = median(lambda c, w=w: verify_c(m.exec_params, c, last, jnp.int32(w)), cache)
-  return t_draft, t_verify
 
 
 def make_batches(m: Model, prompts: list[Prompt], batch_size: int, max_new: int, max_len: int,
