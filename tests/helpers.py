@@ -262,3 +262,18 @@ def varied_tiny_gguf(path) -> str:
   hf = random_hf_params(CFG, seed=1)
   hf["embed"] = hf["embed"] * 0.3
   return str(write_gguf(path, CFG, hf))
+
+
+def wrong_weights(w):
+  """Variants of a quantized weight a kernel test must tell apart from ``w`` (its check has power): each
+  group's scale moved to the next group, and for int4 the offsets moved too and the two nibbles swapped."""
+  import dataclasses
+  import jax.numpy as jnp
+  import numpy as np
+  roll = lambda a: jnp.asarray(np.roll(np.asarray(a), 1, axis=1))   # noqa: E731
+  wrong = [dataclasses.replace(w, scale=roll(w.scale))]
+  if w.kind == "int4":
+    p = np.asarray(w.data)
+    wrong += [dataclasses.replace(w, offset=roll(w.offset)),
+              dataclasses.replace(w, data=jnp.asarray((p >> 4) | ((p & 15) << 4)))]
+  return wrong

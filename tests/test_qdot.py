@@ -1,7 +1,6 @@
 """The integer-dot kernel for int8/int4 weights (kernels/cpu_qdot.*): each instruction-set path against the XLA
 reference (the same integers), odd shapes and 1-64 rows, a row's bits whatever else is computed, the error
 against fp32 activations, the dispatch, and greedy speculative decoding token-exact on integer activations."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from specjax.errors import SpecjaxError
 from specjax.kernels import cpu_qdot, cpu_qmatmul, dispatch, native
 from specjax.models import decoder as model, quant
 from specjax.speculative import ModelDrafter, NgramDrafter, NoDrafter
+from tests.helpers import wrong_weights
 from tests.test_quant import BUCKETS, CFG, DRAFT_CFG, _logits, _rel, _run, _weight, restore_isa  # noqa: F401
 
 PATHS = [p for p in native.ISAS if native.available() and native.ISAS.index(p) <= native.ISAS.index(
@@ -39,13 +39,7 @@ def test_each_path_equals_the_integer_reference(path, restore_isa):
           ref = cpu_qdot.qdot_t_reference(x, w, xblock=xblock)
           assert _rel(out, ref) <= 1e-5, (path, kind, M, N, D, group, xblock, _rel(out, ref))
         if M == 8:   # the check has power
-          roll = lambda a: jnp.asarray(np.roll(np.asarray(a), 1, axis=1))   # noqa: E731
-          wrong = [dataclasses.replace(w, scale=roll(w.scale))]
-          if kind == "int4":
-            p = np.asarray(w.data)
-            wrong += [dataclasses.replace(w, offset=roll(w.offset)),
-                      dataclasses.replace(w, data=jnp.asarray((p >> 4) | ((p & 15) << 4)))]
-          for bad in wrong:
+          for bad in wrong_weights(w):
             assert _rel(out, cpu_qdot.qdot_t_reference(x, bad, xblock=256)) > 1e-2
 
 

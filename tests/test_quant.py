@@ -1,6 +1,5 @@
 """Quantized weights (quant.py, kernels/cpu_qmatmul.*): storage, the native kernel against its reference on every
 instruction-set path, the model on each weight type, greedy exactness and lossless sampling at int4, bad input."""
-import dataclasses
 import json
 
 import numpy as np
@@ -12,6 +11,7 @@ from specjax.models import config, kv_cache, decoder as model, quant, sampling
 from specjax.errors import SpecjaxError
 from specjax.kernels import cpu_qmatmul, dispatch, native
 from specjax.speculative import Engine, ModelDrafter, NgramDrafter, NoDrafter, generate
+from tests.helpers import wrong_weights
 
 KINDS = ("bf16", "int8", "int4")
 SHAPES = [(1, 70, 96), (2, 9, 17), (3, 37, 64), (5, 45, 101), (7, 64, 192), (16, 21, 32), (40, 130, 256),
@@ -111,13 +111,7 @@ def test_kernel_equals_reference(path, restore_isa):
         out = kernel(x, w)
         assert _rel(out, ref) <= 1e-5, (path, kind, M, N, D, group, _rel(out, ref))
         if kind != "bf16" and M == 7:   # the check has power: a wrong group's scale or offset, or nibble half
-          roll = lambda a: jnp.asarray(np.roll(np.asarray(a), 1, axis=1))   # noqa: E731
-          wrong = [dataclasses.replace(w, scale=roll(w.scale))]
-          if kind == "int4":
-            p = np.asarray(w.data)
-            wrong += [dataclasses.replace(w, offset=roll(w.offset)),
-                      dataclasses.replace(w, data=jnp.asarray((p >> 4) | ((p & 15) << 4)))]
-          for bad in wrong:
+          for bad in wrong_weights(w):
             assert _rel(out, cpu_qmatmul.qmatmul_t_reference(x, bad)) > 1e-2
 
 

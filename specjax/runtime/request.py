@@ -176,17 +176,18 @@ class DecodeSpec:
       raise SpecjaxError(f"--k must be >= 1 for drafter '{self.drafter}', got {self.k}")
     if kind.ngram and self.ngram < 1:
       raise SpecjaxError(f"--ngram must be >= 1, got {self.ngram}")
-    if not kind.trees and choice is not None and choice.shape.max_depth != choice.num_nodes:
+    tree = choice is not None and choice.shape.max_depth != choice.num_nodes   # more than a chain
+    if not kind.trees and tree:
       raise SpecjaxError(f"drafter '{self.drafter}' drafts chains only: drop --tree (or give chain:K)")
     if self.verify not in VERIFY_RULES:
       raise SpecjaxError(f"unknown verification rule '{self.verify}': use {' or '.join(VERIFY_RULES)}")
     if self.synthetic_alpha is not None:
       if not 0.0 <= self.synthetic_alpha <= 1.0:
         raise SpecjaxError(f"--synthetic-alpha is a probability: give a value in [0, 1], got {self.synthetic_alpha}")
-      if choice is not None and choice.shape.max_depth != choice.num_nodes:
+      if tree:
         raise SpecjaxError("--synthetic-alpha keeps each draft of a chain with that probability, and --tree drafts "
                            "a tree: drop --tree (or give chain:K)")
-    if self.verify == "block" and choice is not None and choice.shape.max_depth != choice.num_nodes:
+    if self.verify == "block" and tree:
       raise SpecjaxError("--verify block judges a chain of drafts, and --tree drafts a tree: drop --tree (or "
                          "give chain:K), or verify the tree token by token (--verify tokenwise)")
 
