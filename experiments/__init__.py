@@ -15,12 +15,14 @@ from experiments.tree_shapes import tree_shapes
 from experiments import weights as _weights
 from experiments.suffix_trace import suffix_trace
 from experiments import online_adapt as _online_adapt
+from experiments.sampled_speed import sampled_speed
 
 EXPERIMENTS = {"quickstart": quickstart, "acceptance_vs_k": acceptance_vs_k,
                "layerskip_search": layerskip_search, "tree_shapes": tree_shapes, "drafter_table": drafter_table,
                "roofline": _roofline.roofline, "batch_sweep": _batch_sweep.batch_sweep,
                "coder_pair": _coder_pair.coder_pair, "cross_vocab": cross_vocab, "weights": _weights.weights,
-               "suffix_trace": suffix_trace, "online_adapt": _online_adapt.online_adapt}
+               "suffix_trace": suffix_trace, "online_adapt": _online_adapt.online_adapt,
+               "sampled_speed": sampled_speed}
 
 # Experiments that draw their own figures: plot(result, out_dir), called by the runner after results.json.
 PLOTTERS = {"roofline": _roofline.plot, "batch_sweep": _batch_sweep.plot, "coder_pair": _coder_pair.plot,

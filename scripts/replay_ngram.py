@@ -5,8 +5,8 @@
 
 Greedy speculative decoding commits exactly the greedy output, so running the drafter over that output gives
 the τ a real run measures — for every drafter setting, from one plain generation per prompt.  The drafter is
-the engine's own ``NgramDrafter.propose`` (``speculative.replay``: jitted, all prompts at once, only the
-tokens known at each step).  A step that drafts r - 1 tokens costs a verification with r live rows;
+the engine's own ``NgramDrafter.propose`` inside the engine's own step stages (``speculative.replay``: jitted,
+all prompts at once, only the tokens known at each step).  A step that drafts r - 1 tokens costs a verification with r live rows;
 those costs are measured on the model (``bench.time_draft_and_verify``, at the median prompt), and
 ``predicted_speedup`` = τ × cost(1 row) ÷ mean cost(rows of each step).  Caps are written ``1:3`` (at most 1
 draft after a 1-token match, 3 after a 2-token one) or ``none``.
@@ -25,7 +25,7 @@ from specjax.eval import bench
 from specjax.models import buffers, sampling
 from specjax import speculative as spec
 from specjax.prompts import load_prompts
-from specjax.speculative.replay import replay_greedy
+from specjax.speculative import replay as rp
 
 
 def parse_caps(text: str) -> tuple[int, ...]:
@@ -64,15 +64,20 @@ def main():
   print("[replay] verify ms by live rows: " + ", ".join(f"{r}: {t * 1e3:.1f}" for r, t in t_rows.items()),
         file=sys.stderr)
 
+  greedy = sampling.SamplingParams()
+  known = rp.record(m.params, m.cfg, seq, P, ends, greedy)      # greedy n-gram: the tokens alone, no forward
   results = []
   for k in ks:
     for caps_text in args.caps.split(","):
-      caps = parse_caps(caps_text)
-      committed, rows = replay_greedy(spec.NgramDrafter(args.ngram, match_caps=caps), seq, P, ends, k)
-      tau = committed.sum() / len(rows)
-      mean_cost = float(np.mean([t_rows[r] for r in rows]))
-      results.append({"k": k, "caps": caps_text, "tau": float(tau), "steps": len(rows),
-                      "mean_rows": float(rows.mean()), "predicted_speedup": tau * t_rows[1] / mean_cost})
+      drafter = spec.NgramDrafter(args.ngram, match_caps=parse_caps(caps_text))
+      stats = rp.replay(api.make_engine(m, drafter, k, greedy, (), seq.shape[1]), m.params, (), known).stats
+      tau = rp.tau(stats)
+      by_rows = np.asarray(stats.verify_rows_N1, np.float64)        # steps with 1, 2, ... live rows
+      rows = np.arange(1, len(by_rows) + 1)
+      mean_cost = float(np.dot(by_rows, [t_rows[r] for r in rows]) / by_rows.sum())
+      results.append({"k": k, "caps": caps_text, "tau": tau, "steps": int(by_rows.sum()),
+                      "mean_rows": float(np.dot(by_rows, rows) / by_rows.sum()),
+                      "predicted_speedup": tau * t_rows[1] / mean_cost})
       r = results[-1]
       print(f"[replay] k={k} caps={caps_text:>5}: tau {tau:.3f}, mean rows {r['mean_rows']:.2f}, "
             f"predicted speedup {r['predicted_speedup']:.3f}", file=sys.stderr, flush=True)

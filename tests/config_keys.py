@@ -53,6 +53,12 @@ TINY: dict[str, list[str]] = {
                     "cross_vocab.drafts = [{{'label': 'same tokenizer', 'draft': '{model}'}}]",
                     "cross_vocab.k = 2", "cross_vocab.ngram_k = 3", "cross_vocab.max_new_tokens = 4",
                     "cross_vocab.max_len = 256"],
+    "sampled_speed": ["sampled_speed.model = '{model}'",
+                      "sampled_speed.prompt_sets = [{{'name': 'tasks', 'prompts': '{tasks}', 'limit': 1}}]",
+                      "sampled_speed.methods = [{{'label': 'n-gram', 'drafter': 'ngram', 'k': 2}}, "
+                      "{{'label': 'draft', 'drafter': 'model', 'k': 2, 'draft': '{model}'}}]",
+                      "sampled_speed.weights = 'auto'", "sampled_speed.max_new_tokens = 4",
+                      "sampled_speed.max_len = 256"],
     "drafter_table": ["drafter_table.model = '{model}'", "drafter_table.prompts = '{prompts}'",
                       "drafter_table.categories = ['qa']", "drafter_table.per_category = 1",
                       "drafter_table.max_new_tokens = 4", "drafter_table.max_len = 128",

@@ -30,7 +30,7 @@ from specjax.models import decode, decoder as model_lib, sampling, sampling_rows
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, cache_bytes, compact, init_cache
 from specjax.speculative.trees import specs as tree_shapes
-from specjax.speculative.trees.device import sample_children
+from specjax.speculative.trees.device import ForcedChain, sample_children
 
 
 CACHE_DTYPE = jnp.float32     # drafters' own caches, whatever the target's dtype (memory.DRAFT_KV_BYTES bills it)
@@ -212,6 +212,8 @@ class ModelDrafter:
       children = np.flatnonzero(depths == d)
       K = int(ranks[children].max()) + 1
       chosen_BxWxK, q, drawn_BxWxK = sample_children(keys[d - 1], logits_BxWxV, K, sp)
+      if isinstance(sp, ForcedChain):                  # offline replay: the chain's draft here is given
+        chosen_BxWxK = sp.at_depth(d, chosen_BxWxK)
       row = np.asarray([expanding.index(int(parents[i])) for i in children])
       tokens = tokens.at[:, children].set(chosen_BxWxK[:, row, ranks[children]])
       valid = valid.at[:, children].set(drawn_BxWxK[:, row, ranks[children]] & valid[:, parents[children]])

@@ -103,7 +103,13 @@ class TreeAcceptance(NamedTuple):
 def accept_greedy(tree: Tree, target_logits_BxN1xV: jax.Array) -> TreeAcceptance:
   """The longest root path whose every node equals the target's argmax after its parent (lowest index on a
   tie); the target's argmax after that leaf follows.  Output identical to greedy decoding."""
-  best = jnp.argmax(target_logits_BxN1xV, axis=-1).astype(jnp.int32)
+  return accept_given(tree, jnp.argmax(target_logits_BxN1xV, axis=-1).astype(jnp.int32))
+
+
+def accept_given(tree: Tree, best_BxN1: jax.Array) -> TreeAcceptance:
+  """``accept_greedy`` with the token that follows each node given (``best_BxN1``): the target's argmax, or the
+  known output at the node's position (offline replay)."""
+  best = best_BxN1.astype(jnp.int32)
   after_parent = jnp.take_along_axis(best, jnp.maximum(tree.parents_BxN1, 0), axis=1)
   ok = tree.valid_BxN1 & (tree.tokens_BxN1 == after_parent)
   ok = ok.at[:, 0].set(True)
@@ -180,6 +186,26 @@ def accept_sampling(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.A
   nxt = sampling_rows.categorical(key_s, logits)
   accepted = jnp.take_along_axis(tree.anc_BxN1xN1, leaf[:, None, None], axis=1)[:, 0]
   return TreeAcceptance(leaf, nxt, accepted)
+
+
+@struct.dataclass
+class ForcedChain:
+  """Sampling settings under which a chain's drafts are given rather than drawn (offline replay,
+  ``speculative/replay.py``): the drafter computes every depth's distribution q exactly as when sampling with
+  ``temperature`` / ``top_k`` / ``top_p``, but its draft at depth d is ``tokens_BxD[:, d - 1]``, so q along a
+  known output can be read off.  Duck-types ``SamplingParams``; the tokens are data."""
+  tokens_BxD: jax.Array
+  temperature: float = struct.field(pytree_node=False, default=1.0)
+  top_k: int = struct.field(pytree_node=False, default=0)
+  top_p: float = struct.field(pytree_node=False, default=1.0)
+
+  @property
+  def greedy(self) -> bool:
+    return False
+
+  def at_depth(self, d: int, chosen_BxWxK: jax.Array) -> jax.Array:
+    """The given draft at depth ``d`` in place of the drawn one (a chain: W = K = 1)."""
+    return jnp.broadcast_to(self.tokens_BxD[:, d - 1, None, None], chosen_BxWxK.shape).astype(jnp.int32)
 
 
 def sample_children(key: jax.Array, logits_BxWxV: jax.Array, K: int, sp: sampling.SamplingParams):
