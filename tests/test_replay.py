@@ -1,5 +1,6 @@
 """Offline replay (``speculative/replay.py``) reproduces the engine: greedy, every counter exactly for n-gram,
-a draft model and an EAGLE head over a chain, a static tree and a dynamic tree; sampled chains, the engine's
+a draft model and an EAGLE head over a chain, a static tree and a dynamic tree; a sampled n-gram tree exactly;
+sampled chains, the engine's
 step count within the replay's stated error over the engine's own outputs and over plain sampling's, and a
 wrongly recorded target (another temperature) caught by the same statistic."""
 import jax
@@ -131,14 +132,32 @@ def test_sampled_chain_replay_matches_the_engine_within_its_error(target, drafte
     assert abs(z_wrong) > 6, z_wrong
 
 
+def test_sampled_ngram_tree_replay_gives_the_engines_steps(target):
+  """A deterministic drafter's sampled tree: the output's token is accepted exactly when it is a child (the
+  trie's siblings are distinct), so replay over the engine's own outputs gives its steps and tokens exactly."""
+  tparams = model.unstack_layers(target)
+  sp = sampling.SamplingParams(temperature=0.7)
+  shape = tree_shapes.branching([2, 2, 1])
+  prompts = np.tile(PROMPTS, (4, 1))
+  lens, max_new = np.tile(LENS, 4), np.tile(MAX_NEW, 4)
+  eng, st = _engine_run(tparams, NgramDrafter(1), (), shape, sp, prompts, lens, max_new, seed=3)
+  got = rp.replay(eng, tparams, (), _known(tparams, eng, st, lens, sp), key=jax.random.PRNGKey(9))
+  for c in ("committed_B", "verify_steps_B", "drafted_B"):
+    np.testing.assert_array_equal(np.asarray(getattr(got.stats, c)), np.asarray(getattr(st.stats, c)), err_msg=c)
+  assert int(np.sum(st.stats.accepted_B)) > 0
+
+
 def test_replay_refuses_what_it_cannot_reproduce(target):
   tparams = model.unstack_layers(target)
   sp = sampling.SamplingParams(temperature=1.0)
   tree = tree_shapes.branching([2, 1])
-  eng = Engine(cfg=CFG, drafter=NgramDrafter(2), k_max=tree.num_nodes, sp=sp, buckets=BUCKETS, tree=tree)
-  known = rp.record(tparams, CFG, np.zeros((1, S), np.int32), [4], [10], sp)
-  with pytest.raises(ValueError, match="sampled replay covers chains"):
-    rp.replay(eng, tparams, (), known)
+  drafter, dp = _drafter("model", target, tree)
+  eng = Engine(cfg=CFG, drafter=drafter, k_max=tree.num_nodes, sp=sp, buckets=BUCKETS, tree=tree)
+  seq = np.zeros((1, S), np.int32)
+  seq[0, :10] = np.arange(1, 11)
+  known = rp.record(tparams, CFG, seq, [4], [10], sp)
+  with pytest.raises(ValueError, match="sampled replay of a sampling drafter covers chains"):
+    rp.replay(eng, tparams, dp, known)
   eng = Engine(cfg=CFG, drafter=NgramDrafter(2), k_max=3, sp=sampling.SamplingParams(), buckets=BUCKETS)
   with pytest.raises(ValueError, match="spare slots"):
     rp.replay(eng, tparams, (), rp.record(tparams, CFG, np.zeros((1, 16), np.int32), [4], [14],

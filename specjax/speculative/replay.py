@@ -19,7 +19,9 @@ sampled run's outputs serve as well as the engine's own: the τ replayed over th
 engine's (``tests/test_replay.py`` checks both within the stated error).  A deterministic drafter (n-gram,
 suffix) proposes what it proposes: its draft is kept exactly when it equals x.  Sampled trees are not replayed:
 a tree's recursive rejection depends on the siblings' draws and the target's residuals, which one output
-does not determine.
+does not determine — except a deterministic drafter's (an n-gram or suffix trie): siblings are distinct tokens
+drawn with probability p one after another, so the output's token is accepted exactly when it is a child, as
+greedy.
 """
 from __future__ import annotations
 
@@ -86,9 +88,6 @@ def check_replayable(engine: eng.Engine) -> None:
   if engine.acceptance is not None and not engine.sp.greedy:
     raise ValueError(f"replay reproduces token-wise verification; {type(engine.acceptance).__name__} is another "
                      "rule (greedy decoding needs none)")
-  if not engine.sp.greedy and not tree_shapes.is_chain(engine.shape):
-    raise ValueError("sampled replay covers chains: a sampled tree's acceptance depends on its siblings' draws, "
-                     "which one output does not determine (replay the tree greedily)")
 
 
 def _start(engine: eng.Engine, target_params, draft_params, known: Known, P: int, max_new_B, key) -> eng.SpecState:
@@ -154,9 +153,13 @@ def replay_step(engine: eng.Engine, target_params, draft_params, known: Known, s
     x_BxD, _ = _known_at(known, lengths_B, jnp.arange(1, engine.k_max + 1)[None, :])
     sp = tree_lib.ForcedChain(x_BxD, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p)
   draft_state, d, tree = eng.draft(engine, draft_params, state, k_active_B, live_B, k_draft, sp)
-  if engine.sp.greedy:
-    best, _ = _known_at(known, lengths_B, tree.depth_BxN1 + 1)
+  if engine.sp.greedy or d.q_BxN1xV is None:   # greedy, or deterministic drafts (a node is kept exactly when
+    best, _ = _known_at(known, lengths_B, tree.depth_BxN1 + 1)      # it is the output's token: siblings differ)
     rule = tree_lib.accept_given(tree, best)
+  elif not tree_shapes.is_chain(engine.shape):
+    raise ValueError("sampled replay of a sampling drafter covers chains: a sampled tree's acceptance depends on "
+                     "its siblings' draws, which one output does not determine (replay the tree greedily, or a "
+                     "deterministic drafter's tree)")
   else:
     rule = _accept_sampled_chain(tree, d, known, lengths_B, jax.random.uniform(k_accept, tree.tokens_BxN1.shape),
                                  broken)
