@@ -165,6 +165,10 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
                  help="fixed k; off-above (k up to --max-batch live sequences, else 0); adaptive (smoothed "
                       "acceptance moves k); goodput (the cost model's best k, per sequence)")
   p.add_argument("--buckets", default="0,1,2,4,8", help="compiled k values for adaptive and goodput")
+  p.add_argument("--tree", action="append", default=None,
+                 help="a token tree served as a bucket (chain:K, branch:W1,W2,..., paths:FILE, dynamic:N[:TOPK[:D]]): "
+                      "--policy fixed or off-above runs it instead of the chain of --k; --policy goodput chooses "
+                      "among the chains of --buckets and every --tree (repeat it) each step")
   p.add_argument("--max-batch", type=flags.NONNEG, default=4, help="--policy off-above: speculate up to this many")
   p.add_argument("--slots", type=flags.COUNT, default=8, help="sequences decoded at once (fixed KV buffers)")
   p.add_argument("--device", default=None, help="cost model for --policy goodput: a published spec or a "
@@ -183,6 +187,14 @@ def parse_buckets(text: str) -> tuple[int, ...]:
   return vals
 
 
+def serving_nodes(args) -> int:
+  """The most draft nodes a served step verifies: the largest chain bucket (or --k) and every --tree's N."""
+  from specjax import api
+  trees = [api.resolve_tree(t, drafter=args.drafter, max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
+           for t in (args.tree or ())]
+  return max(parse_buckets(args.buckets) + (args.k,) + tuple(trees))
+
+
 def serving_engine(args, m, max_len: int, **kwargs):
   from specjax.measure import calibrate
   from specjax.serving import factory
@@ -197,6 +209,7 @@ def serving_engine(args, m, max_len: int, **kwargs):
   if adapt is not None:
     kwargs["adapter_factory"] = adapt
   return factory.make_batcher(m, drafter=args.drafter, policy=args.policy, k=args.k, buckets=parse_buckets(args.buckets),
+                              trees=tuple(args.tree or ()),
                               slots=args.slots, max_len=max_len, max_batch=args.max_batch, spec=spec,
                               draft=draft, draft_layers=args.draft_layers, seed=args.seed, **kwargs,
                               **index_kwargs(args), **head_kwargs(args),

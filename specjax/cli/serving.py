@@ -103,16 +103,15 @@ def cmd_serve_sim(args) -> int:
   m = common.load_model(args)
   encoded = [m.tokenizer.encode_chat(r["prompt"]) for r in reqs]
   longest = max(len(e) for e in encoded)
-  max_len = args.max_len or buffers.buffer_length(longest, max(r["max_tokens"] for r in reqs),
-                                                    max(common.parse_buckets(args.buckets) + (args.k,)))
+  max_len = args.max_len or buffers.buffer_length(longest, max(r["max_tokens"] for r in reqs), common.serving_nodes(args))
   eng = common.serving_engine(args, m, max_len)
   common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, "
-             f"buckets {eng.buckets}: compiling…")
+             f"buckets {list(eng.bucket_info)}: compiling…")
   common.log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
   requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"]) for i, (e, r) in enumerate(zip(encoded, reqs))]
   rep = eng.run(requests, log=common.log)
   rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
-              "rate": args.rate if not args.trace else None, "buckets": list(eng.buckets)})
+              "rate": args.rate if not args.trace else None, "buckets": list(eng.bucket_info)})
   for field in ("round", "phase"):           # a repeated or shifted trace: the requests split by it
     if any(field in r for r in reqs):
       rep[f"by_{field}"] = latency.split_report(requests, [r.get(field) for r in reqs])
@@ -155,7 +154,7 @@ def cmd_serve(args) -> int:
   max_len = args.max_len or 2048
   eng = common.serving_engine(args, m, max_len, sp=sp, max_queue=args.max_queue, per_request=True)
   common.log(f"[serve] {args.slots} slots × {max_len} KV slots, drafter {args.drafter}, "
-             f"policy {eng.policy.name}, buckets {eng.buckets}: compiling…")
+             f"policy {eng.policy.name}, buckets {list(eng.bucket_info)}: compiling…")
   common.log(f"[serve] warm-up {eng.warmup(512):.1f}s")
   worker = server.EngineWorker(eng, max_queue=args.max_queue)
   worker.start()

@@ -37,7 +37,7 @@ from specjax.models.buffers import pad_batch, prompt_bucket
 from specjax.errors import SpecjaxError
 from specjax.models.kv_cache import init_cache
 from specjax.runtime.builder import DecodeSpec, build
-from specjax.serving import policies as pol
+from specjax.serving import buckets as bk, policies as pol
 from specjax.serving.latency import report
 from specjax.serving.slots import SINGLE, mesh_jits, recorded_row
 from specjax.speculative import registry as drafter_registry
@@ -83,18 +83,20 @@ class Request:
 @dataclasses.dataclass
 class StepRecord:
   t: float
-  k: int
+  k: int                        # the bucket's draft nodes per sequence (a chain's k; a tree's N)
   live: int
   rows: int
   committed: int
   seconds: float
   accepted: int = 0             # drafts accepted (offered: rows - live, each live sequence's k)
+  bucket: str = ""              # the bucket: "k=4", or a tree's spec ("branch:2,2,1")
 
 
 class ContinuousBatcher:
   """Serve requests over ``slots`` fixed KV buffers of ``max_len`` positions.
 
   ``drafter``/``drafter_kwargs`` as ``runtime.builder.DecodeSpec`` (one drafter for every bucket); ``buckets`` the compiled k values (0 = plain);
+  ``trees`` token-tree specs compiled beside them (``serving/buckets.py``: every bucket one engine over one state);
   ``policy`` a ``policies`` object.  ``clock`` gives the current time in seconds.
 
   ``adapter_factory(drafter, draft_params)``: online adaptation (``training/online.OnlineAdapter.for_engine``):
@@ -106,7 +108,8 @@ class ContinuousBatcher:
                buckets: Sequence[int] = (0, 1, 2, 4, 8), policy=None, sp: sampling.SamplingParams | None = None,
                eos_ids: Sequence[int] | None = None, max_queue: int = 1024, seed: int = 0,
                memory_budget: float | None = None, clock: Callable[[], float] = time.perf_counter,
-               per_request: bool = False, adapter_factory: Callable | None = None, **drafter_kwargs):
+               per_request: bool = False, adapter_factory: Callable | None = None, trees: Sequence[str] = (),
+               **drafter_kwargs):
     self.m, self.slots, self.max_len, self.clock = m, int(slots), int(max_len), clock
     self.mesh = getattr(m, "mesh", None)    # a model on a mesh (``api.on_mesh``): every step runs sharded
     if self.mesh is not None and jax.process_count() > 1:
@@ -115,17 +118,18 @@ class ContinuousBatcher:
     self.sp = sp or sampling.SamplingParams()      # per-request mode: the default of a request without its own
     self.per_request = bool(per_request)
     self.eos_ids = tuple(m.tokenizer.eos_token_ids if eos_ids is None else eos_ids)
-    buckets = sorted({int(b) for b in buckets} | {0})
     kind = drafter_registry.get(drafter)
-    if not kind.speculates:
-      buckets = [0]
+    self.bucket_info = bk.make_buckets(buckets if kind.speculates else [0], trees if kind.speculates else (),
+                                       drafter, max_len)
+    buckets = [k for k in self.bucket_info if isinstance(k, int)]
     self.k_top = max(buckets)
     self.buckets = buckets
+    self.n_top = max(b.nodes for b in self.bucket_info.values())    # the most nodes one step verifies
     # One drafter for every bucket (its cache sized for the largest k); the memory bill of the slots' buffers
     # of max_len positions (a request must leave k_top + 1 of them free: ``headroom``).
     # Per-request mode bills the draft distributions a sampled row keeps (any request may sample).
     bill_sp = sampling.SamplingParams(temperature=1.0) if self.per_request else self.sp
-    ds = DecodeSpec(drafter=drafter, k=max(self.k_top, 1), sampling=bill_sp, **drafter_kwargs)
+    ds = DecodeSpec(drafter=drafter, k=max(self.n_top, 1), sampling=bill_sp, **drafter_kwargs)
     built = build(m, ds, eos_ids=self.eos_ids, max_len=max_len, draft=draft, batch_size=self.slots,
                   memory_budget=memory_budget)
     self.draft_params = built.draft_params
@@ -134,13 +138,15 @@ class ContinuousBatcher:
     record = None
     if self.adapter is not None:            # a restored checkpoint's weights from the first step on
       self.draft_params, record = self.adapter.draft_params(), self.adapter.record
-    self.engines: dict[int, spec.Engine] = {
-        k: built.engine_for(k, stats_nodes=self.k_top if k == 0 and kind.stateless else max(self.k_top, 1))
-        ._replace(sp=self.sp, per_row=self.per_request, record=record)
-        for k in buckets}
+    nodes = self.n_top if kind.stateless else max(self.n_top, 1)      # every engine's counters: one state
+    self.engines: dict[int | str, spec.Engine] = {
+        k: (built.engine._replace(k_max=b.nodes, tree=b.shape, stats_nodes=nodes) if b.is_tree
+            else built.engine_for(k, stats_nodes=nodes))._replace(sp=self.sp, per_row=self.per_request, record=record)
+        for k, b in self.bucket_info.items()}
     self.adapt_log: list[dict] = []        # (time, step, seconds, metrics) of each adaptation step
     self.policy = policy or pol.FixedK(self.k_top)
     self.tracker = pol.AcceptanceTracker(self.slots, max(self.k_top, 1))
+    self.tree_tracker = bk.TreeTracker(self.slots, [b for b in self.bucket_info.values() if b.is_tree])
     self.queue: collections.deque[Request] = collections.deque()
     self.max_queue = max_queue
     self.running: list[Request | None] = [None] * self.slots
@@ -208,7 +214,7 @@ class ContinuousBatcher:
 
   # ------------------------------------------------------------------ requests
   def headroom(self) -> int:
-    return self.k_top + 2
+    return self.n_top + 2
 
   def check_request(self, r: Request) -> None:
     if not self.per_request and r.sampling is not None and r.sampling != self.sp:
@@ -265,6 +271,7 @@ class ContinuousBatcher:
       self._prompt_len[slot] = len(r.prompt_ids)
       self._num_new[slot] = 0
       self.tracker.reset(slot)
+      self.tree_tracker.reset(slot)
 
   def _finish(self, r: Request, now: float, reason: str) -> None:
     if r.done:
@@ -301,15 +308,19 @@ class ContinuousBatcher:
     live = np.array([r is not None and not r.done for r in self.running])
     if not live.any():
       return committed
-    obs = pol.Observation(live, self._prompt_len + self._num_new, self.tracker.alpha)
+    obs = pol.Observation(live, self._prompt_len + self._num_new, self.tracker.alpha,
+                          {k: self.tree_tracker.alphas(k, self.tracker.alpha) for k in self.tree_tracker.trees})
     dec = self.policy.choose(obs)
-    engine = self.engines[dec.k] if dec.k in self.engines else self.engines[self.k_top]
+    bucket = self.bucket_info.get(dec.k, self.bucket_info[self.k_top])
     t0 = time.perf_counter()
-    self.state = self.jits.step(engine, self.m.exec_params, self.draft_params, self.state,
+    self.state = self.jits.step(self.engines[bucket.key], self.m.exec_params, self.draft_params, self.state,
                                 self._put(dec.k_B.astype(np.int32)))
-    got, accepted_B = self._read_back(self.clock(), offered=dec.k_B, live=live)
-    self.history.append(StepRecord(self.clock(), dec.k, int(live.sum()), int(np.sum(np.where(live, dec.k_B + 1, 0))),
-                                   got, time.perf_counter() - t0, int(np.sum(np.where(live, accepted_B, 0)))))
+    got, accepted_B = self._read_back(self.clock(), offered=dec.k_B, live=live, tree=bucket.key if bucket.is_tree
+                                      else None)
+    self.history.append(StepRecord(self.clock(), bucket.nodes, int(live.sum()),
+                                   int(np.sum(np.where(live, dec.k_B + 1, 0))), got, time.perf_counter() - t0,
+                                   int(np.sum(np.where(live, accepted_B, 0))),
+                                   str(bucket.key) if bucket.is_tree else f"k={bucket.key}"))
     if self.adapter is not None and self.adapter.busy_tick():
       self.adapt()
     return committed + got
@@ -327,14 +338,17 @@ class ContinuousBatcher:
                            **metrics})
     return True
 
-  def _read_back(self, now: float, offered, live=None) -> tuple[int, np.ndarray]:
+  def _read_back(self, now: float, offered, live=None, tree=None) -> tuple[int, np.ndarray]:
     """Hand the committed tokens to their requests; returns (tokens handed out, accepted drafts per slot in
-    this step).  One transfer per step; the per-request mode's logprobs come with the tokens."""
+    this step).  One transfer per step; the per-request mode's logprobs come with the tokens.  ``tree``: the
+    step drafted that tree bucket (its acceptance is tracked per depth, apart from the chains')."""
     seq, num_new, done, accepted, logprob = jax.device_get((
         self.state.seq_BxS, self.state.num_new_B, self.state.done_B, self.state.stats.accepted_B,
         self.state.rows.logprob_BxS if self.per_request else None))
     accepted_B = accepted - self._accepted            # this step's accepted drafts per slot
-    if offered is not None:
+    if offered is not None and tree is not None:
+      self.tree_tracker.update(tree, live, offered, accepted_B, self.tracker.alpha)
+    elif offered is not None:
       self.tracker.update(live, offered, accepted_B)
       for slot, r in enumerate(self.running):      # each request's own drafts offered and accepted
         if r is not None and live[slot]:

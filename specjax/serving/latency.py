@@ -55,4 +55,13 @@ def report(requests: Sequence, history: Sequence, start: float, end: float,
           "k_share": {str(k): ks.count(k) / len(ks) for k in sorted(set(ks))} if ks else {},
           "k_over_time": [[round(h.t - start, 4), h.k, h.live] for h in history],
           "accept_over_time": [[round(h.t - start, 4), h.rows - h.live, h.accepted] for h in history],
-          "mean_live": float(np.mean([h.live for h in history])) if history else 0.0}
+          "mean_live": float(np.mean([h.live for h in history])) if history else 0.0,
+          **_bucket_share(history)}
+
+
+def _bucket_share(history: Sequence) -> dict:
+  """With a tree among the buckets run: the share of steps of each bucket ("k=4", "branch:2,2,1")."""
+  names = [getattr(h, "bucket", "") for h in history]
+  if not any(n and not n.startswith("k=") for n in names):
+    return {}
+  return {"bucket_share": {n: names.count(n) / len(names) for n in sorted(set(names))}}

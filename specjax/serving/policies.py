@@ -11,7 +11,11 @@ switching policy or k compiles nothing.
                ≥ ``min_reach`` under its smoothed acceptance (easy text drafts deep, hard text shallow)
   goodput      the choice (bucket and per-sequence k) that maximises predicted committed tokens per second:
                Σ_b τ_b(k_b) ÷ (verify time of the rows Σ_b (k_b + 1) + draft time of the bucket), from
-               the calibrated cost model and each sequence's smoothed acceptance
+               the calibrated cost model and each sequence's smoothed acceptance; a tree bucket
+               (``buckets.Bucket``) is priced at N + 1 rows per sequence and its per-depth acceptance
+
+A bucket is a chain's k or a tree's spec text (``serving/buckets.py``); ``fixed`` and ``off-above`` may name a
+tree (its N nodes are each sequence's k_active).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class Observation:
   live_B: np.ndarray          # bool [B]: slots holding a request that is still decoding
   context_B: np.ndarray       # int [B]: committed tokens per slot
   alpha_BxP: np.ndarray       # float [B, P]: smoothed P(position j accepted | j − 1 accepted), j = 1..P
+  tree_alpha: dict = dataclasses.field(default_factory=dict)   # tree bucket → [B, D]: the same per tree depth
 
   @property
   def batch(self) -> int:
@@ -36,28 +41,31 @@ class Observation:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-  k: int                      # the bucket (compiled engine) for this step
-  k_B: np.ndarray             # int [B]: each sequence's k_active (≤ k; 0 for idle slots)
+  k: int | str                # the bucket (compiled engine) for this step: a chain's k or a tree's spec
+  k_B: np.ndarray             # int [B]: each sequence's k_active (≤ the bucket's nodes; 0 for idle slots)
 
 
-def _uniform(obs: Observation, k: int) -> Decision:
-  return Decision(k, np.where(obs.live_B, k, 0).astype(np.int32))
+def _uniform(obs: Observation, k, nodes: int | None = None) -> Decision:
+  return Decision(k, np.where(obs.live_B, k if nodes is None else nodes, 0).astype(np.int32))
 
 
 class FixedK:
-  def __init__(self, k: int):
-    self.k, self.name = int(k), f"fixed-{k}"
+  """Always the bucket ``k`` (a chain's k, or a tree's spec with ``nodes`` its N)."""
+
+  def __init__(self, k, nodes: int | None = None):
+    self.k, self.nodes, self.name = k if nodes is not None else int(k), nodes, f"fixed-{k}"
 
   def choose(self, obs: Observation) -> Decision:
-    return _uniform(obs, self.k)
+    return _uniform(obs, self.k, self.nodes)
 
 
 class OffAboveBatch:
-  def __init__(self, k: int, max_batch: int):
-    self.k, self.max_batch, self.name = int(k), int(max_batch), f"off-above-{max_batch}"
+  def __init__(self, k, max_batch: int, nodes: int | None = None):
+    self.k, self.nodes = k if nodes is not None else int(k), nodes
+    self.max_batch, self.name = int(max_batch), f"off-above-{max_batch}"
 
   def choose(self, obs: Observation) -> Decision:
-    return _uniform(obs, self.k if obs.batch <= self.max_batch else 0)
+    return _uniform(obs, self.k, self.nodes) if obs.batch <= self.max_batch else _uniform(obs, 0)
 
 
 def reach_probability(alpha_P: Sequence[float], k: int) -> float:
@@ -91,8 +99,9 @@ class GoodputOptimal:
   live and whatever each drafted, so within a bucket every live sequence drafts all k."""
 
   def __init__(self, buckets: Sequence[int], rows_s: Callable, draft_s: Callable, per_sequence: bool = True,
-               computed_slots: int | None = None):
+               computed_slots: int | None = None, trees: Sequence = ()):
     self.buckets = sorted(int(b) for b in buckets)
+    self.trees = tuple(trees)         # ``buckets.Bucket`` of each tree: all N nodes for every live sequence
     self.rows_s, self.draft_s = rows_s, draft_s
     self.per_sequence, self.name = per_sequence, "goodput"
     self.computed_slots = computed_slots
@@ -143,28 +152,45 @@ class GoodputOptimal:
         cand = (float(rates[i]), k, k_B)
       if cand[0] > best[0]:
         best = cand
+    for t in self.trees:
+      cand = self._tree_rate(obs, t)
+      if cand[0] > best[0]:
+        best = cand
     self.last_prediction = {"tokens_per_s": best[0], "k": best[1]}
     return Decision(best[1], best[2])
+
+
+  def _tree_rate(self, obs: Observation, t) -> tuple:
+    """(rate, key, k_B) of tree bucket ``t``: every live sequence verifies its N + 1 rows and expects
+    1 + Σ_d P(depth d reached) tokens (``obs.tree_alpha``); the drafter runs D forwards of its widest rows."""
+    live = np.flatnonzero(obs.live_B)
+    n = len(live)
+    reach = np.cumprod(np.clip(obs.tree_alpha[t.key][live], 0, 1), axis=1)
+    rows = self._rows([n * (1 + t.nodes)], t.nodes)
+    secs = self.rows_s(rows, obs.context_B[live])[0] + self.draft_s(t.depth, n, t.max_width)
+    return ((n + float(reach.sum())) / secs, t.key, np.where(obs.live_B, t.nodes, 0).astype(np.int32))
 
 
 POLICIES = ("fixed", "off-above", "adaptive", "goodput")
 
 
-def make_policy(name: str, *, k: int = 4, buckets: Sequence[int] = (0, 1, 2, 4, 8), max_batch: int = 4,
+def make_policy(name: str, *, k=4, buckets: Sequence[int] = (0, 1, 2, 4, 8), max_batch: int = 4,
                 min_reach: float = 0.3, rows_s: Callable | None = None, draft_s: Callable | None = None,
-                per_sequence: bool = True, computed_slots: int | None = None):
-  """A policy by name (``--policy``); ``fixed`` and ``off-above`` use ``k``, the others choose from
-  ``buckets``; ``goodput`` needs the cost functions."""
+                per_sequence: bool = True, computed_slots: int | None = None, trees: Sequence = ()):
+  """A policy by name (``--policy``); ``fixed`` and ``off-above`` use ``k`` (a chain's k, or the key of one
+  of ``trees``), the others choose from ``buckets``; ``goodput`` also from ``trees`` (``buckets.Bucket``) and
+  needs the cost functions."""
+  nodes = {t.key: t.nodes for t in trees}.get(k)
   if name == "fixed":
-    return FixedK(k)
+    return FixedK(k, nodes)
   if name == "off-above":
-    return OffAboveBatch(k, max_batch)
+    return OffAboveBatch(k, max_batch, nodes)
   if name == "adaptive":
     return AcceptanceAdaptive(buckets, min_reach)
   if name == "goodput":
     if rows_s is None or draft_s is None:
       raise SpecjaxError("the goodput policy needs the cost model's step and draft times")
-    return GoodputOptimal(buckets, rows_s, draft_s, per_sequence, computed_slots)
+    return GoodputOptimal(buckets, rows_s, draft_s, per_sequence, computed_slots, trees)
   raise SpecjaxError(f"unknown policy '{name}': choose one of {', '.join(POLICIES)}")
 
 
