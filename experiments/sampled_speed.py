@@ -3,8 +3,8 @@ paired run of plain decoding and every drafter on the same prompts (each prompt 
 the same for every method), giving the speedup with its bootstrap interval, τ and α per row.
 
 At T = 0 a row also says whether its outputs equal plain decoding's; at T = 1 they differ by design (the
-distribution is the target's, tests/test_lossless_trees.py and friends prove it), so only the speeds, τ and α
-are comparable."""
+distribution is the target's, tests/speculative/test_lossless_trees.py and friends prove it), so only the speeds,
+τ and α are comparable."""
 from __future__ import annotations
 
 from specjax import api

@@ -3,7 +3,7 @@
 Starts the server in its own process with --adapt-dir, sends requests over HTTP, waits until the idle server
 has taken adaptation steps and saved a checkpoint, kills it with SIGKILL, starts it again with the same
 directory and checks that it restored the newest checkpoint on disk (its log line and /metrics).  Prints
-one JSON line.  (The test suite checks the same restore in process: tests/test_online_adapt.py.)
+one JSON line.  (The test suite checks the same restore in process: tests/training/test_online_adapt.py.)
 
   python scripts/adapt_restart_check.py --model smollm2-135m --draft runs/eagle_smollm2_fused/drafter
 """

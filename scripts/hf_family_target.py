@@ -10,7 +10,7 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))   # the module alone (numpy only), not the tests package
 from family_weights import family_tensors  # noqa: E402
 
 

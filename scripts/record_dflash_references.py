@@ -1,5 +1,5 @@
 """Record a DFlash drafter in its published layout, written by its project's own code, and its block logits,
-for tests/test_dflash_layout.py.
+for tests/checkpoints/test_dflash_layout.py.
 
   zlab  SpecForge 0.2.0's ``DFlashDraftModel`` (specforge/modeling/draft/dflash.py), saved with its own
         ``save_pretrained``: the layout of z-lab's DFlash releases (a Qwen3 ``config.json`` with ``block_size``,

@@ -1,7 +1,7 @@
 """Record an EAGLE-1/2 drafter as the ``eagle`` package (``eagle-llm`` 1.2.1 on PyPI) builds and saves it, and
-its logits, for tests/test_eagle1_layout.py.
+its logits, for tests/checkpoints/test_eagle1_layout.py.
 
-The target is the tiny Llama of tests/data/hf_families/llama (weights drawn by tests/family_weights.py, loaded
+The target is the tiny Llama of tests/data/hf_families/llama (weights drawn by tests/helpers/family_weights.py, loaded
 into transformers' LlamaForCausalLM).  The drafter is the package's own ``eagle.model.cnets.Model`` (one
 decoder layer without an input norm, ``fc`` with a bias over [embedding; feature]) on an ``EConfig`` of the
 target's sizes, its embedding the target's, its other weights random; it is saved with ``state_dict`` as

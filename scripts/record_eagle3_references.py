@@ -1,5 +1,5 @@
 """Record published-layout EAGLE-3 drafters, written by their projects' own code, and their logits, for
-tests/test_eagle3_layout.py.
+tests/checkpoints/test_eagle3_layout.py.
 
 Two layouts, each run in the environment that has its package (neither is a specjax dependency):
 
@@ -22,7 +22,7 @@ Two layouts, each run in the environment that has its package (neither is a spec
                  /tmp/specref/bin/python scripts/record_eagle3_references.py speculators
 
   speculators-export  the head in tests/data/eagle3/exported, written by specjax's exporter
-               (``.venv/bin/python tests/eagle3_export_fixture.py``), read by speculators' ``from_pretrained``:
+               (``.venv/bin/python tests/helpers/eagle3_export_fixture.py``), read by speculators' ``from_pretrained``:
                  /tmp/specref/bin/python scripts/record_eagle3_references.py speculators-export
 
 Recorded, float32, teacher-forced as both projects train (the input at step i is the text's token i + 1 places
@@ -143,7 +143,7 @@ def record_speculators() -> None:
 
 
 def record_speculators_export() -> None:
-  """The head specjax's exporter wrote (tests/eagle3_export_fixture.py) read by ``speculators``'
+  """The head specjax's exporter wrote (tests/helpers/eagle3_export_fixture.py) read by ``speculators``'
   ``from_pretrained``; its logits recorded beside it."""
   import shutil
   import tempfile

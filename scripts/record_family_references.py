@@ -1,10 +1,10 @@
 """Record Hugging Face transformers' outputs for one small random checkpoint per model family, the reference
-that tests/test_families.py holds specjax to.
+that tests/models/test_families.py holds specjax to.
 
 For each family below, transformers builds the model from that family's own config class (sizes chosen so
 every feature is exercised: windows shorter than the text, llama3 / yarn / linear rope scaling, tied and
 untied heads, q/k norms, sandwich norms, soft-caps, a query scale other than 1/sqrt(E)), loads weights drawn
-by ``tests/family_weights.py`` from the model's own tensor names and shapes, and records, in float32 with eager
+by ``tests/helpers/family_weights.py`` from the model's own tensor names and shapes, and records, in float32 with eager
 attention:
   * the config.json transformers writes (``save_pretrained``: transformers 5 spells rope as rope_parameters);
   * the tensor names and shapes (the test draws the same weights from them);
@@ -28,7 +28,7 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))   # the module alone (numpy only), not the tests package
 from family_weights import family_tensors  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "hf_families"

@@ -1,4 +1,4 @@
-"""Record what transformers makes of the Gemma 3 270M GGUF, for tests/test_gemma3_gguf.py.
+"""Record what transformers makes of the Gemma 3 270M GGUF, for tests/checkpoints/test_gemma3_gguf.py.
 
 Run it with a Python that has transformers (5.x), torch, accelerate and gguf (not specjax's venv):
 

@@ -1,7 +1,7 @@
 """Record Medusa-1 heads as the ``medusa`` package (``medusa-llm`` 0.1 on PyPI) builds and saves them, and their
-logits, for tests/test_medusa.py.
+logits, for tests/checkpoints/test_medusa.py.
 
-The base model is the tiny Llama of tests/data/hf_families/llama (its weights drawn by tests/family_weights.py,
+The base model is the tiny Llama of tests/data/hf_families/llama (its weights drawn by tests/helpers/family_weights.py,
 loaded into transformers' LlamaForCausalLM).  The heads are built exactly as ``medusa.model.medusa_model.
 MedusaModel`` builds them (``nn.Sequential(*([ResBlock(D)] * R), nn.Linear(D, V, bias=False))`` per head, the
 package's own ``ResBlock``), given random weights (ResBlock starts at zero: the identity), and saved with

@@ -6,8 +6,8 @@
 
 For each method (a drafter name, then ``key=value`` decode settings: k, tree, draft, ngram, draft_layers) it
 decodes the prompts speculatively (batch 1, ``specjax.generate``) and replays the same run offline
-(``speculative.replay``): greedy from plain decoding's output (decoded k + 1 tokens past the budget, so the last
-step is known), every counter compared; sampled (``--temperature``, chains) over the engine's own outputs,
+(``speculative.replay``): greedy from plain decoding's output (decoded depth + 1 tokens past the budget, so the
+last step is known), every counter compared; sampled (``--temperature``, chains) over the engine's own outputs,
 ``--replays`` times with other keys — the engine's τ is one draw of that distribution, so the script prints
 the replay's mean and standard deviation and z = (engine − mean) / sd of the total step count.  Only the
 drafter runs during replay; the target runs once per prompt, teacher-forced, when a feature drafter or
@@ -97,7 +97,7 @@ def main():
                                    seed=args.seed)
     tau_engine = stats["mean_accepted_length"]
     if ds.sampling.greedy:
-      plain, _ = specjax.generate(m, prompts, max_new_tokens=M + d.k_max + 1, max_len=d.max_len)
+      plain, _ = specjax.generate(m, prompts, max_new_tokens=M + d.engine.depth + 1, max_len=d.max_len)
       same = sum(o.token_ids == p.token_ids[:len(o.token_ids)] for o, p in zip(outs, plain))
       knowns = known_for(m, d, ds.sampling, encoded, [p.token_ids for p in plain])
       got = api.spec_metrics(replay_all(m, d, knowns, widths, M))

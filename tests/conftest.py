@@ -3,8 +3,8 @@ import os
 # Tests run on the CPU with deterministic, full-precision math.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The native CPU kernels wherever they apply, without the first-use measurement that may choose XLA for some
-# weight sizes on some machines (specjax/measure/kernel_paths.py; tests/test_kernel_choices.py covers it): the same
-# executables, and the same counts of compiled executables, on every machine.
+# weight sizes on some machines (specjax/measure/kernel_paths.py; tests/kernels/test_kernel_choices.py covers it):
+# the same executables, and the same counts of compiled executables, on every machine.
 os.environ.setdefault("SPECJAX_NATIVE", "1")
 
 # One build of the native kernels for the whole run: tests that start a process on a fresh SPECJAX_CACHE (an
@@ -34,6 +34,9 @@ import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
+# The helpers' own asserts (tests/helpers/) are reported like a test's.
+pytest.register_assert_rewrite("tests.helpers")
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_executables():
@@ -53,3 +56,13 @@ def tiny_model(tmp_path_factory):
   """A tiny random GGUF checkpoint (``helpers.CFG``) written once per test module: its path."""
   from tests.helpers import CFG, random_hf_params, write_gguf
   return str(write_gguf(tmp_path_factory.mktemp("cli") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3)))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """The same tiny checkpoint (written again, in a directory of its own) loaded by ``api.load``, once per test
+  module: test_serving.py, test_suffix.py (a test file with a ``tiny`` of its own uses that one)."""
+  from specjax import api
+  from tests.helpers import CFG, random_hf_params, write_gguf
+  path = write_gguf(tmp_path_factory.mktemp("serve") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))
+  return api.load(str(path))

@@ -14,7 +14,7 @@ A model's other tensor types (Q5_0, Q6_K, Q8_0, ... : Gemma 3 270M's Q4_K_M file
 dequantized and requantized as before (``take_over_int4``).
 
 Every product here is exact in fp32 (an fp16 times a 6-bit and a 4-bit integer), so ``QWeight.dequantize``
-equals ``gguf.dequantize`` bit for bit (tests/test_gguf_blocks.py).  Requantizing the dequantized values
+equals ``gguf.dequantize`` bit for bit (tests/checkpoints/test_gguf_blocks.py).  Requantizing the dequantized values
 instead reproduces a Q4_K group only where it uses its lowest and highest level: 78.8% of the
 Qwen2.5-Coder-1.5B's groups (``scripts/probes/int4_takeover_check.py``).
 """

@@ -13,7 +13,8 @@ unpermuted.
 
 Gemma (``gemma2``, ``gemma3``): llama.cpp's converter stores every RMSNorm weight as ``1 + w``, the multiplier
 itself, which is what specjax keeps (Hugging Face's Gemma RMSNorm multiplies by ``1 + w`` at run time), so
-they are read as they are (checked against transformers: tests/test_gemma3_gguf.py, tests/test_gguf_families.py).
+they are read as they are (checked against transformers: tests/checkpoints/test_gemma3_gguf.py,
+tests/checkpoints/test_gguf_families.py).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from specjax.cli import common, flags
 
 
-REGIMES = ("xla", "eager")     # devices.REGIMES (tests/test_projection.py keeps them equal)
+REGIMES = ("xla", "eager")     # devices.REGIMES (tests/measure/test_projection.py keeps them equal)
 
 
 def register(sub) -> dict:

@@ -13,7 +13,7 @@ import sys
 
 # --activations (kernels/cpu_qdot.ACTIVATIONS, named here so that --help imports no jax; a test keeps them equal)
 ACTIVATIONS = ("fp32", "int8", "int8-64", "int8-256")
-# --verify (speculative/acceptance.VERIFY_RULES, named here for the same reason; tests/test_block_verify.py)
+# --verify (speculative/acceptance.VERIFY_RULES, named here for the same reason; tests/speculative/test_block_verify.py)
 VERIFY = ("tokenwise", "block")
 
 
@@ -81,7 +81,7 @@ RATE = number(0.0)              # requests per second (0: all at once)
 POSITIVE = number(0.0, lo_open=True)           # seconds, GiB
 
 
-WEIGHT_KINDS = ("fp32", "bf16", "int8", "int4")   # quant.KINDS (tests/test_costmodel.py keeps them equal)
+WEIGHT_KINDS = ("fp32", "bf16", "int8", "int4")   # quant.KINDS (tests/measure/test_costmodel.py keeps them equal)
 
 
 def weight_kind(text: str) -> str:

@@ -1,7 +1,7 @@
 """The memory bill of a decode: target and draft weights, the buffers each sequence holds (target KV, the
 drafter's state, token ids) and the logits workspace; the largest batch that fits a budget, and a one-line
 refusal naming the ways out when it does not.  ``api.check_memory`` charges every decode with it before
-anything is allocated; tests/test_memory_bill.py holds it to the bytes of the arrays a decode allocates, for
+anything is allocated; tests/measure/test_memory_bill.py holds it to the bytes of the arrays a decode allocates, for
 every drafter and dtype."""
 from __future__ import annotations
 

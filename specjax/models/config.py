@@ -159,7 +159,7 @@ SMOLLM2_135M = ModelConfig(name="smollm2-135m", vocab_size=49152, num_layers=30,
                            max_position=8192, bos_token_id=1, eos_token_ids=(2,))
 
 # The coder pair (qwen2 architecture: q/k/v biases, untied head, one 151,936-token vocabulary): the registry's
-# GGUF files describe exactly these (tests/test_coder_pair.py reads them back from the real files when cached).
+# GGUF files describe exactly these (tests/eval/test_coder_pair.py reads them back from the real files when cached).
 QWEN25_CODER_1_5B = ModelConfig(name="qwen2.5-coder-1.5b", vocab_size=151936, num_layers=28, d_model=1536,
                                 num_heads=12, num_kv_heads=2, head_dim=128, ffn_dim=8960, rope_theta=1e6,
                                 norm_eps=1e-6, tie_embeddings=False, qkv_bias=True, max_position=32768,

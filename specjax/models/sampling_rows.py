@@ -4,7 +4,7 @@ their own temperature, top-k, top-p and seed (the server's continuous batching).
 ``SamplingParams`` (sampling.py) is static: one setting compiled into an engine.  ``RowSampling`` holds one
 setting per sequence as arrays, and each sequence draws from its own PRNG key, so a seeded request gets the
 same tokens whichever other requests share its step.  Every function here equals its ``sampling`` twin
-applied row by row with that row's settings (tests/test_sampling_rows.py); a row with temperature 0 is
+applied row by row with that row's settings (tests/models/test_sampling_rows.py); a row with temperature 0 is
 greedy: its distribution is the one-hot argmax and its draw is the argmax.
 
 The random helpers at the bottom (``split``, ``uniform``, ``gumbel``, ``categorical``) take either one key

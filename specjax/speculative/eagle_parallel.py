@@ -17,7 +17,7 @@ which tokens were drafted above it, so:
 
 Lossless sampling holds as for any drafter: each node's children are drawn from the distribution recorded as
 its q.  The training forward is ``eagle_train.train_forward`` with the placeholders at steps 2..K
-(``tests/test_eagle_parallel.py`` pins the two together).
+(``tests/speculative/test_eagle_parallel.py`` pins the two together).
 
 The state is the sequential drafter's (``EagleState``): the placeholders' KV entries land after the committed
 length and the next propose overwrites them with the accepted tokens, fed with their target features.  The

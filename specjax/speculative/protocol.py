@@ -3,7 +3,7 @@
 
 A drafter is a frozen dataclass: static and hashable (it rides in ``Engine``, a jit static argument).  Its
 parameters and its state are pytrees passed in and returned, never kept on the drafter.  Every drafter the
-registry builds satisfies ``Drafter`` (``tests/test_drafter_registry.py``): ``NoDrafter``, ``NgramDrafter``,
+registry builds satisfies ``Drafter`` (``tests/speculative/test_drafter_registry.py``): ``NoDrafter``, ``NgramDrafter``,
 ``ModelDrafter`` (a draft model, or layer-skip), ``CrossVocabDrafter`` (a draft model of another tokenizer),
 ``HybridDrafter``, ``EagleDrafter``, ``ParallelEagleDrafter``, ``EagleLookupDrafter``, ``MedusaDrafter``,
 ``DFlashDrafter`` and ``SuffixDrafter``.

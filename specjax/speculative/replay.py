@@ -16,7 +16,7 @@ the residual with p(x) − min(p(x), q(x)), and the step structure follows from 
 the drafter's chain onto the output (``device.ForcedChain``: q is computed as when sampling, the draft is x),
 and flips those coins.  Because speculative sampling's outputs are distributed as plain sampling's, a plain
 sampled run's outputs serve as well as the engine's own: the τ replayed over them is distributed as the
-engine's (``tests/test_replay.py`` checks both within the stated error).  A deterministic drafter (n-gram,
+engine's (``tests/speculative/test_replay.py`` checks both within the stated error).  A deterministic drafter (n-gram,
 suffix) proposes what it proposes: its draft is kept exactly when it equals x.  Sampled trees are not replayed:
 a tree's recursive rejection depends on the siblings' draws and the target's residuals, which one output
 does not determine — except a deterministic drafter's (an n-gram or suffix trie): siblings are distinct tokens
@@ -55,7 +55,7 @@ def record(target_params, cfg: ModelConfig, seq_BxS, prompt_lens_B, ends_B, sp: 
            taps: tuple[int, ...] | None = None) -> Known:
   """One target forward over the known sequences: each position's log-probability of the next known token
   under ``sp`` (needed to replay sampling) and, with ``taps`` (``Engine.forward_taps``), the features a
-  feature drafter reads.  S must leave room past the longest end for a step's tree (the engine's headroom)."""
+  feature drafter reads.  S is the engine's buffer length (its max_len), whose room mask the replay applies too."""
   seq = jnp.asarray(seq_BxS, jnp.int32)
   if sp.greedy and taps is None:      # greedy replay of a drafter that reads no features: the tokens suffice
     return Known(seq, jnp.asarray(prompt_lens_B, jnp.int32), jnp.asarray(ends_B, jnp.int32), None, None)
@@ -208,8 +208,9 @@ def replay(engine: eng.Engine, target_params, draft_params, known: Known, *, max
     raise ValueError("sampled replay needs the target's log-probabilities: record(...) with the engine's sampling")
   B, S = known.seq_BxS.shape
   ends, lens = np.asarray(known.ends_B), np.asarray(known.prompt_lens_B)
-  if np.any(ends + engine.k_max + 1 > S):
-    raise ValueError(f"the known sequences need {engine.k_max + 1} spare slots past the longest end (S={S})")
+  if np.any(ends > S):
+    raise ValueError(f"a known sequence of {int(ends.max())} tokens does not fit buffers of S={S}: give the "
+                     "engine's buffer length (its max_len)")
   max_new_B = jnp.asarray(ends - lens if max_new_B is None else max_new_B, jnp.int32)
   k_active_B = jnp.full((B,), engine.k_max, jnp.int32) if k_active_B is None else jnp.asarray(k_active_B, jnp.int32)
   key = jax.random.PRNGKey(0) if key is None else key

@@ -11,7 +11,7 @@ Token-wise rejection sampling stops at the first rejected draft.  Block verifica
 so a later position can rescue an earlier one whose own ratio was low.  The next token is drawn from the
 target's p_{k+1} after a fully accepted chain (the bonus), else from the residual max(0, ρ_τ · p_{τ+1} -
 q_{τ+1}), normalised.  The output is distributed exactly as sampling from the target (the paper's Theorem 1;
-tests/test_block_verify.py checks it with a χ² test that catches a variant without the rescue), and
+tests/speculative/test_block_verify.py checks it with a χ² test that catches a variant without the rescue), and
 the expected number of accepted tokens is at least token-wise verification's (Theorem 2; the same test file
 measures both).  At temperature 0 it accepts exactly what greedy acceptance accepts.
 
@@ -40,7 +40,7 @@ def accept_block(tree: Tree, target_logits_BxN1xV: jax.Array, q_BxN1xV: jax.Arra
                  sp: sampling.SamplingParams, broken: str | None = None) -> TreeAcceptance:
   """Block verification of a chain (node i's parent is node i - 1).  ``broken`` names a deliberately wrong
   variant, kept so tests can show they catch it: "no_rescue" stops at the first failed coin, as token-wise
-  verification stops at its first rejection (on the micro pair of tests/test_block_verify.py it accepts half
+  verification stops at its first rejection (on the micro pair of tests/speculative/test_block_verify.py it accepts half
   as much and χ² rejects it at p < 1e-20)."""
   B, N1, V = target_logits_BxN1xV.shape
   k = N1 - 1

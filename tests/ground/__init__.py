@@ -1,0 +1,1 @@
+"""The ground layer (0): progress output and prompt files."""

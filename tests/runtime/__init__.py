@@ -1,0 +1,1 @@
+"""specjax/runtime/ (layer 5): the builder, compiled executables and their caches, start-up, huge pages."""

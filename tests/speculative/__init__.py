@@ -1,0 +1,1 @@
+"""specjax/speculative/ (layer 3): the engine, every drafter, token trees, losslessness, recording and replay."""
