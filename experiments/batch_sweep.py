@@ -20,7 +20,7 @@ from specjax.models import buffers
 from specjax.measure import costmodel
 from specjax.measure import calibrate
 from specjax.speculative import registry as drafter_registry
-from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
+from specjax.serving import batcher as bt, buckets as bk, factory, policies as pol, trace as trace_lib
 from experiments.common import pick_prompts
 
 POLICY_LABELS = {"never": "never (k=0)", "always": "always (fixed k)", "off-above": "off above batch",
@@ -105,11 +105,13 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
                 batches=(1, 2, 4, 8, 16, 32), rates=(0.5, 1.0, 2.0, 4.0, 8.0, 16.0), requests: int = 32,
                 max_new_tokens: int = 64, policies=("never", "always", "off-above", "adaptive", "goodput"),
                 max_batch: int = 4, seed: int = 0, device: str | None = None, run_crossover: bool = True,
-                crossover_requests: int = 32, draft: str | None = None,
+                crossover_requests: int = 32, draft: str | None = None, trees=(), weights: str = "auto",
                 log=print) -> dict:
-  """``draft``: the draft model for ``drafter = 'model'`` (default: the registry's draft for ``model``)."""
+  """``draft``: the draft model for ``drafter = 'model'`` (default: the registry's draft for ``model``).
+  ``trees``: token-tree specs served as buckets beside the chains: the goodput policy chooses among them too,
+  and each runs alone as a fixed policy ("tree SPEC") on the same traces.  ``weights``: as ``--weights``."""
   spec = calibrate.load_or_calibrate(device, log=log)
-  m = api.load(model)
+  m = api.load(model, weights=weights)
   draft_model = drafter_registry.get(drafter).draft_model
   if draft_model:
     from specjax.checkpoints import catalog as registry
@@ -117,12 +119,14 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
     if not draft:
       from specjax.errors import SpecjaxError
       raise SpecjaxError(f"batch_sweep.drafter = '{drafter}' needs batch_sweep.draft ('{model}' has no registry draft)")
-  d = api.load(draft) if draft_model else None
+  d = api.load(draft, weights=weights) if draft_model else None
   if d is not None:
     api.check_same_vocabulary(m, d)
   chosen = pick_prompts(prompts, categories)
   encoded = [m.tokenizer.encode_chat(p.text) for p in chosen]
-  max_len = buffers.buffer_length(max(len(e) for e in encoded), max_new_tokens, max(buckets) + 1)
+  tree_b = [bk.tree_bucket(t, drafter, buffers.AUTO_MAX_LEN_LIMIT) for t in trees]
+  nodes = max([max(buckets)] + [t.nodes for t in tree_b])
+  max_len = buffers.buffer_length(max(len(e) for e in encoded), max_new_tokens, nodes + 1)
   out = {"title": f"batch sweep: {model}, {drafter}, {len(chosen)} prompts, {max_new_tokens} new tokens"}
   if run_crossover:
     reqs = [encoded[i % len(encoded)] for i in range(crossover_requests)]
@@ -138,32 +142,38 @@ def batch_sweep(model: str = "smollm2-135m", prompts: str = "specjax-prompts", c
     out.update({"rows": out.get("crossover_rows", []), "summary": {}, "plots": []})
     return out
   eng = factory.make_batcher(m, drafter=drafter, policy="goodput", k=k, buckets=buckets, slots=slots,
-                             max_len=max_len, spec=spec, max_batch=max_batch, draft=d)
+                             max_len=max_len, spec=spec, max_batch=max_batch, draft=d, trees=tuple(trees))
   log(f"[batch_sweep] load sweep: {slots} slots, warm-up {eng.warmup(max(len(e) for e in encoded)):.1f}s")
   goodput = eng.policy
   make = {"never": lambda: pol.FixedK(0), "always": lambda: pol.FixedK(k),
           "off-above": lambda: pol.OffAboveBatch(k, max_batch), "adaptive": lambda: pol.AcceptanceAdaptive(buckets),
           "goodput": lambda: goodput}
+  for t in tree_b:                       # each tree alone: the fixed choice goodput must match or beat
+    make[f"tree {t.key}"] = (lambda t=t: pol.FixedK(t.key, t.nodes))
   rows = []
   for rate in rates:
     trace = trace_lib.poisson([str(i) for i in range(len(encoded))], rate, requests, seed, max_new_tokens)
-    for name in policies:
+    for name in list(policies) + [f"tree {t.key}" for t in tree_b]:
       eng.policy = make[name]()
       eng.history.clear()
       rep = eng.run(_requests(encoded, trace))
       rows.append({"policy": name, "rate": rate, "tokens_per_s": rep["tokens_per_s"],
                    "itl_p50_ms": 1e3 * (rep["itl_s"]["p50"] or 0), "itl_p90_ms": 1e3 * (rep["itl_s"]["p90"] or 0),
                    "ttft_p50_ms": 1e3 * (rep["ttft_s"]["p50"] or 0), "mean_k": rep["mean_k"],
-                   "mean_live": rep["mean_live"], "served": rep["served"]})
+                   "mean_live": rep["mean_live"], "served": rep["served"],
+                   **({"bucket_share": rep["bucket_share"]} if "bucket_share" in rep else {})})
       log(f"[batch_sweep] rate {rate}/s {name:10s}: {rep['tokens_per_s']:.1f} tok/s, itl p50 "
-          f"{rows[-1]['itl_p50_ms']:.1f} ms, mean k {rep['mean_k']:.2f}, mean live {rep['mean_live']:.1f}")
+          f"{rows[-1]['itl_p50_ms']:.1f} ms, mean k {rep['mean_k']:.2f}, mean live {rep['mean_live']:.1f}"
+          + (f", buckets {rep['bucket_share']}" if "bucket_share" in rep else ""))
   summary = {}
   for rate in rates:
     by = {r["policy"]: r["tokens_per_s"] for r in rows if r["rate"] == rate}
     if {"never", "always", "goodput"} <= by.keys():
-      best = max(by["never"], by["always"])
+      fixed = {p: v for p, v in by.items() if p in ("never", "always") or p.startswith("tree ")}
+      best = max(fixed.values())
       summary[str(rate)] = {"goodput_vs_best_fixed": by["goodput"] / best,
-                            "goodput_beats_both": by["goodput"] > best}
+                            "goodput_beats_both": by["goodput"] > best,
+                            **({"best_fixed": max(fixed, key=fixed.get)} if tree_b else {})}
   out.update({"rows": rows, "summary": summary, "slots": slots, "spec": spec.to_dict(),
               "plots": [{"file": "throughput_vs_load.png", "x": "rate", "y": "tokens_per_s", "group": "policy",
                          "title": "throughput vs offered load (requests/s)"},
