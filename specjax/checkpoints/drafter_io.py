@@ -165,18 +165,7 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
   if eagle1_io.is_eagle1_dir(path):           # a published EAGLE-1/2 drafter
     return eagle1_io.load_eagle1(path, target_cfg, target_params)
   config = read_config(path)
-  want = config["target"]
-  if want["vocab_size"] != target_cfg.vocab_size or want["d_model"] != target_cfg.d_model:
-    raise SpecjaxError(f"drafter {path} was trained for '{want['name']}' (vocabulary {want['vocab_size']}, "
-                       f"width {want['d_model']}), the target '{target_name or target_cfg.name}' has "
-                       f"{target_cfg.vocab_size} and {target_cfg.d_model}: use a drafter trained for this target")
-  if want.get("tokenizer_sha256") != tokenizer_fingerprint(tokenizer):
-    raise SpecjaxError(f"drafter {path} was trained with another tokenizer than the target "
-                       f"'{target_name or target_cfg.name}': a drafter must share the target's tokenizer")
-  layers_fl = tuple(config["feature_layers"])
-  if any(not 0 <= i < target_cfg.num_layers for i in layers_fl):
-    raise SpecjaxError(f"drafter {path} reads target layers {list(layers_fl)}, the target has "
-                       f"{target_cfg.num_layers}")
+  layers_fl = _checked_target(path, config, target_cfg, tokenizer, target_name)
   try:
     ecfg = eagle.EagleConfig(target_cfg, layers_fl, int(config["vocab_size"]),
                              int(config.get("parallel_positions", 0)))
@@ -202,7 +191,42 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
       raise SpecjaxError(f"{path}/model.safetensors lacks '{name}': not an EAGLE drafter of this format")
     if shape is not None and tuple(t[name].shape) != shape:
       raise SpecjaxError(f"{path}: '{name}' has shape {tuple(t[name].shape)}, expected {shape}")
-  g = lambda n: t[f"layers.0.{n}.weight"]
+  layers = _layer_of(path, t, cfg, D)
+  trainable = {"fc": t["fc.weight"], "final_norm": t["norm.weight"],
+               "layers": {k: jnp.asarray(v, jnp.float32) for k, v in layers.items()}}
+  if ecfg.fused:
+    trainable["fuse"] = t["fuse.weight"]
+  if ecfg.parallel:
+    trainable["placeholders"] = t["placeholders"]
+  trainable = {k: (v if isinstance(v, dict) else jnp.asarray(v, jnp.float32)) for k, v in trainable.items()}
+  head_ids = t["d2t"].astype(np.int32) if ecfg.reduced else None
+  if head_ids is not None and (head_ids.min() < 0 or head_ids.max() >= target_cfg.vocab_size):
+    raise SpecjaxError(f"drafter {path}: its vocabulary map points outside the target's vocabulary")
+  params = {**trainable, **eagle.frozen_from_target(ecfg, target_params, head_ids)}
+  return ecfg, params, config
+
+
+def _checked_target(path, config: dict, target_cfg, tokenizer, target_name: str) -> tuple[int, ...]:
+  """The target layers a drafter of specjax's own format reads, after checking it was trained for this target
+  (vocabulary, width, tokenizer, layer count)."""
+  want = config["target"]
+  if want["vocab_size"] != target_cfg.vocab_size or want["d_model"] != target_cfg.d_model:
+    raise SpecjaxError(f"drafter {path} was trained for '{want['name']}' (vocabulary {want['vocab_size']}, "
+                       f"width {want['d_model']}), the target '{target_name or target_cfg.name}' has "
+                       f"{target_cfg.vocab_size} and {target_cfg.d_model}: use a drafter trained for this target")
+  if want.get("tokenizer_sha256") != tokenizer_fingerprint(tokenizer):
+    raise SpecjaxError(f"drafter {path} was trained with another tokenizer than the target "
+                       f"'{target_name or target_cfg.name}': a drafter must share the target's tokenizer")
+  layers_fl = tuple(config["feature_layers"])
+  if any(not 0 <= i < target_cfg.num_layers for i in layers_fl):
+    raise SpecjaxError(f"drafter {path} reads target layers {list(layers_fl)}, the target has "
+                       f"{target_cfg.num_layers}")
+  return layers_fl
+
+
+def _layer_of(path, t: dict, cfg, D: int) -> dict:
+  """The drafter's one decoder layer (stacked, L = 1) from its tensors, each shape checked against ``cfg``."""
+  g = lambda n: t[f"layers.0.{n}.weight"]                                  # noqa: E731
   try:
     layers = {"attn_norm": g("input_layernorm")[None], "mlp_norm": g("post_attention_layernorm")[None],
               "w_qkv": np.concatenate([g("self_attn.q_proj"), g("self_attn.k_proj"), g("self_attn.v_proj")])[None],
@@ -221,18 +245,7 @@ def load_drafter(path: str | Path, target_cfg, target_params, tokenizer, target_
         raise ValueError(f"{k} has shape {layers[k].shape}, expected {s}")
   except ValueError as e:
     raise SpecjaxError(f"drafter {path} does not fit this target's layer shape ({e})") from e
-  trainable = {"fc": t["fc.weight"], "final_norm": t["norm.weight"],
-               "layers": {k: jnp.asarray(v, jnp.float32) for k, v in layers.items()}}
-  if ecfg.fused:
-    trainable["fuse"] = t["fuse.weight"]
-  if ecfg.parallel:
-    trainable["placeholders"] = t["placeholders"]
-  trainable = {k: (v if isinstance(v, dict) else jnp.asarray(v, jnp.float32)) for k, v in trainable.items()}
-  head_ids = t["d2t"].astype(np.int32) if ecfg.reduced else None
-  if head_ids is not None and (head_ids.min() < 0 or head_ids.max() >= target_cfg.vocab_size):
-    raise SpecjaxError(f"drafter {path}: its vocabulary map points outside the target's vocabulary")
-  params = {**trainable, **eagle.frozen_from_target(ecfg, target_params, head_ids)}
-  return ecfg, params, config
+  return layers
 
 
 def _layer_tensors_names():

@@ -219,6 +219,14 @@ def projected_on(device: str, m: Model, method: Method, metrics: dict, draft: Mo
       draft_weights=draft.weights if kind.draft_model and draft is not None else method.settings.get("head_weights"))
 
 
+def _bandwidth(given: dict | None, when: str, log) -> dict:
+  """The read bandwidth given, else measured now (before or after decoding)."""
+  if given is not None:
+    return given
+  log(f"[bench] measuring read bandwidth ({when} decoding)")
+  return calibrate.measure_read_bandwidth()
+
+
 def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_len: int, eos_ids,
             draft: Model | None = None, repeats: int = 1, paired: bool = True, bandwidth: dict | None = None,
             log=print, timer: Timer | None = None, project: str | None = None,
@@ -239,16 +247,10 @@ def compare(m: Model, batches, specs: list[dict], *, max_new_tokens: int, max_le
   methods = [autoregressive_method(m, eos_ids, max_len, batch_size, sampling, seed)] + [   # each refused if
       speculative_method(m, eos_ids, max_len, batch_size=batch_size,                     # it cannot fit
                          **{"draft": draft, "sampling": sampling, "seed": seed, **sp}) for sp in specs]
-  bw_before = bandwidth
-  if bw_before is None:
-    log("[bench] measuring read bandwidth (before decoding)")
-    bw_before = calibrate.measure_read_bandwidth()
+  bw_before = _bandwidth(bandwidth, "before", log)
   timed = time_methods(m, methods, batches, max_new_tokens, max_len, repeats=repeats, paired=paired, log=log,
                        timer=timer)
-  bw_after = bandwidth
-  if bw_after is None:
-    log("[bench] measuring read bandwidth (after decoding)")
-    bw_after = calibrate.measure_read_bandwidth()
+  bw_after = _bandwidth(bandwidth, "after", log)
   secs, toks = timed["seconds"], timed["tokens"]
   ar_tps = float(toks[0].sum() / secs[0].sum())
   ar_iters = max(1, int(distributed.to_host(timed["stats"][0].iterations)))

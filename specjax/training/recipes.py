@@ -97,20 +97,7 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
     (run / "data_summary.json").write_text(json.dumps(summary, indent=1))
     _log(f"data complete in {ddir}: {meta['sequences']} sequences, {meta['tokens']} tokens")
     return summary
-  init = None
-  if init_from:
-    ecfg0, params0, _ = drafter_io.load_drafter(init_from, m.cfg, m.params, m.tokenizer, model)
-    want = (tuple(fused) if features == "fused" else (), int(train_kw.get("reduced_vocab", 0)),
-            int(train_kw.get("parallel", 0)))
-    if (ecfg0.feature_layers, ecfg0.head_size if ecfg0.reduced else 0, ecfg0.parallel) != want:
-      raise SpecjaxError(f"init_from {init_from} reads layers {list(ecfg0.feature_layers)} with a "
-                         f"{ecfg0.head_size}-token head (parallel {ecfg0.parallel}); the settings ask for "
-                         f"{list(want[0])}, reduced_vocab {want[1]} and parallel {want[2]}: make them match the "
-                         "drafter")
-    frozen = ("embed", "head_ids", "target_head") + (("lm_head",) if ecfg0.layout != "eagle3" else ())
-    init = ({k: v for k, v in params0.items() if k not in frozen},
-            None if "head_ids" not in params0 else np.asarray(params0["head_ids"]))
-    _log(f"starting from the drafter in {init_from}")
+  init = _init_from(init_from, m, model, fused if features == "fused" else (), train_kw) if init_from else None
   res = train_eagle_on(m.params, m.cfg, data_dir=ddir, run_dir=run, resume=resume, features=features,
                        fused_layers=fused, model_name=model, mesh=m.mesh, init=init, **train_kw)
   ecfg, store = res["ecfg"], res["store"]
@@ -134,6 +121,23 @@ def train_eagle(*, run_dir: str, resume: bool = False, model: str = "smollm2-135
              **ev, "settings": {**res["settings"], "init_from": init_from}}
   (run / "summary.json").write_text(json.dumps(summary, indent=1))
   return summary
+
+
+def _init_from(init_from: str, m, model: str, fused: Sequence[int], train_kw: dict):
+  """(trainable weights, reduced vocabulary or None) of an exported drafter to continue training from; its
+  features, head size and parallel positions must be the ones these settings ask for."""
+  from specjax.checkpoints import drafter_io
+  ecfg0, params0, _ = drafter_io.load_drafter(init_from, m.cfg, m.params, m.tokenizer, model)
+  want = (tuple(fused), int(train_kw.get("reduced_vocab", 0)), int(train_kw.get("parallel", 0)))
+  if (ecfg0.feature_layers, ecfg0.head_size if ecfg0.reduced else 0, ecfg0.parallel) != want:
+    raise SpecjaxError(f"init_from {init_from} reads layers {list(ecfg0.feature_layers)} with a "
+                       f"{ecfg0.head_size}-token head (parallel {ecfg0.parallel}); the settings ask for "
+                       f"{list(want[0])}, reduced_vocab {want[1]} and parallel {want[2]}: make them match the "
+                       "drafter")
+  frozen = ("embed", "head_ids", "target_head") + (("lm_head",) if ecfg0.layout != "eagle3" else ())
+  _log(f"starting from the drafter in {init_from}")
+  return ({k: v for k, v in params0.items() if k not in frozen},
+          None if "head_ids" not in params0 else np.asarray(params0["head_ids"]))
 
 
 def _reduced_head(store, cfg, size: int, train_idx=None):

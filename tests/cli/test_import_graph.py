@@ -148,6 +148,33 @@ def test_no_module_in_specjax_is_over_450_lines():
   assert not long, long
 
 
+def long_functions(root: Path, limit: int) -> dict[str, int]:
+  """{'file:function': lines} of every function (methods and nested ones included) over ``limit`` lines."""
+  out = {}
+  for p in sorted(root.rglob("*.py")):
+    for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit:
+        out[f"{p.relative_to(root)}:{n.name}"] = n.end_lineno - n.lineno + 1
+  return out
+
+
+def test_no_function_in_specjax_is_over_80_lines_and_the_step_stages_fit_in_40():
+  """One job per function (issue 57): none of specjax/ past 80 lines, and each stage of the speculative step
+  (``engine.spec_step`` and the stages it composes) readable alone, at most 40."""
+  assert not long_functions(ROOT / "specjax", 80), long_functions(ROOT / "specjax", 80)
+  tree = ast.parse((ROOT / "specjax/speculative/engine.py").read_text(encoding="utf-8"))
+  stages = {"step_keys", "draft", "verify", "accept", "commit", "advance", "commit_target_cache",
+            "commit_drafter", "count", "spec_step"}
+  sizes = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, ast.FunctionDef)
+           and n.name in stages}
+  assert set(sizes) == stages and max(sizes.values()) <= 40, sizes
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path):
+  (tmp_path / "m.py").write_text("def f():\n" + "  x = 1\n" * 85)
+  assert long_functions(tmp_path, 80) == {"m.py:f": 86}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The layer table
 
