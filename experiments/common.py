@@ -39,3 +39,14 @@ def encode_trace(m, items: list[dict], max_new_tokens: int, k: int, max_len: int
     raise SpecjaxError(f"{name}: a prompt of {longest} tokens + {max_new_tokens} new does not fit max_len "
                        f"{max_len}: raise max_len")
   return encoded, longest
+
+
+def prompt_set_batches(ps: dict, m, model: str, max_new_tokens: int, max_len: int, weights: str = "auto",
+                       log=print):
+  """(the target, the batches of one prompt set ``ps``: {"prompts", and optionally "categories",
+  "per_category", "limit"}): the target loaded with the first set (``m`` None), reused after."""
+  chosen = pick_prompts(ps["prompts"], ps.get("categories"), ps.get("per_category"), ps.get("limit"))
+  if m is None:
+    m, _, batches = setup(model, chosen, 1, max_new_tokens, max_len, weights=weights, log=log)
+    return m, batches, chosen
+  return m, bench.make_batches(m, chosen, 1, max_new_tokens, max_len), chosen

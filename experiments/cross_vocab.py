@@ -8,7 +8,7 @@ from __future__ import annotations
 from specjax import api
 from specjax.errors import SpecjaxError
 from specjax.eval import bench
-from experiments.common import pick_prompts, setup
+from experiments.common import prompt_set_batches
 
 
 def _output_share(outputs, target_ids) -> float | None:
@@ -44,11 +44,7 @@ def cross_vocab(model: str = "qwen2.5-coder-1.5b", prompt_sets=(), drafts=(), k:
   m = None
   rows, loaded = [], {}
   for ps in prompt_sets:
-    chosen = pick_prompts(ps["prompts"], ps.get("categories"), ps.get("per_category"), ps.get("limit"))
-    if m is None:
-      m, _, batches = setup(model, chosen, 1, max_new_tokens, max_len, weights=weights, log=log)
-    else:
-      batches = bench.make_batches(m, chosen, 1, max_new_tokens, max_len)
+    m, batches, chosen = prompt_set_batches(ps, m, model, max_new_tokens, max_len, weights, log)
     for d in drafts:           # a draft read at another width is a model of its own (its own map)
       key = (d["draft"], d.get("width"))
       if key not in loaded:

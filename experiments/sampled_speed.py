@@ -12,7 +12,7 @@ from specjax.errors import SpecjaxError
 from specjax.eval import bench
 from specjax.models.sampling import SamplingParams
 from specjax.speculative import registry as drafter_registry
-from experiments.common import pick_prompts, setup
+from experiments.common import prompt_set_batches
 
 
 def _spec(method: dict, loaded: dict, m, weights: str) -> tuple[str, dict]:
@@ -53,11 +53,7 @@ def sampled_speed(model: str = "qwen2.5-coder-1.5b", prompt_sets=(), methods=(),
     raise SpecjaxError("sampled_speed needs prompt_sets and methods (see configs/sampled_speed.gin)")
   m, rows, loaded = None, [], {}
   for ps in prompt_sets:
-    chosen = pick_prompts(ps["prompts"], ps.get("categories"), ps.get("per_category"), ps.get("limit"))
-    if m is None:
-      m, _, batches = setup(model, chosen, 1, max_new_tokens, max_len, weights=weights, log=log)
-    else:
-      batches = bench.make_batches(m, chosen, 1, max_new_tokens, max_len)
+    m, batches, chosen = prompt_set_batches(ps, m, model, max_new_tokens, max_len, weights, log)
     labelled = [_spec(meth, loaded, m, weights) for meth in methods]
     for t in temperatures:
       sampling = SamplingParams(temperature=float(t), top_k=top_k, top_p=top_p)

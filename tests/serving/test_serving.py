@@ -7,7 +7,7 @@ import pytest
 
 from specjax import api
 from specjax.serving import batcher as bt, factory, policies as pol, trace as trace_lib
-from tests.helpers.compile_counter import count_compiles
+from tests.helpers.serving import serve_overlapping
 from tests.helpers import CFG, random_hf_params, write_gguf
 
 BUCKETS = (0, 1, 2, 4)
@@ -131,22 +131,9 @@ def test_arrivals_while_others_decode_give_plain_greedy_tokens(tiny, plain, draf
   else:
     eng = factory.make_batcher(tiny, drafter=drafter, policy=policy, k=4, buckets=BUCKETS, slots=3, max_len=128,
                                **kw)
-  eng.warmup(32)
-  encoded = [tiny.tokenizer.encode_chat(p) for p in PROMPTS]
-  # 7 requests over 3 slots, two submitted before each step: later ones arrive while earlier ones decode, and
-  # some wait in the queue for a slot.
-  reqs = [bt.Request(e, 12, rid=i) for i, e in enumerate(encoded)]
-  pending, steps, most = list(reqs), 0, 0
-  _names: list = []
-  with count_compiles(_names) as compiles:
-    while pending or not all(r.done for r in reqs):
-      for _ in range(2):
-        if pending:
-          eng.submit(pending.pop(0))
-      eng.step()
-      steps += 1
-      most = max(most, eng.num_running)
-  assert compiles() == 0, ("serving compiled after warm-up", _names)
+  # 7 requests over 3 slots, two submitted before each step: later ones arrive while earlier ones decode
+  reqs, (compiles, names), most = serve_overlapping(tiny, eng, PROMPTS)
+  assert compiles == 0, ("serving compiled after warm-up", names)
   for r, want in zip(reqs, plain):
     assert r.tokens == want, (r.rid, r.tokens, want)
     assert r.finish_reason in ("stop", "length")

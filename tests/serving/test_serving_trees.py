@@ -1,4 +1,4 @@
-"""Token trees in continuous batching: tree buckets beside chain buckets over one state, requests arriving while
+"""Token trees in continuous batching (the ``tiny`` model: tests/conftest.py): tree buckets beside chain buckets over one state, requests arriving while
 others decode get plain greedy's tokens with a fixed tree and under the goodput policy (which moves between
 trees, chains and plain steps), nothing compiles after warm-up, the memory bill and the headroom cover the
 tree's nodes, the tree tracker and the goodput pricing, and the refusals."""
@@ -9,36 +9,15 @@ import pytest
 from specjax import api
 from specjax.errors import SpecjaxError
 from specjax.serving import batcher as bt, buckets as bk, factory, policies as pol
-from tests.helpers.compile_counter import count_compiles
-from tests.helpers import CFG, random_hf_params, write_gguf
+from tests.helpers.serving import serve_overlapping
 
 TREES = ("branch:2,2,1", "dynamic:6:2:3")
 PROMPTS = ["hello world " * (i % 4 + 1) + str(i) for i in range(7)]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-  path = write_gguf(tmp_path_factory.mktemp("serve_trees") / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))
-  return api.load(str(path))
-
-
-@pytest.fixture(scope="module")
 def plain(tiny):
   return [api.generate(tiny, [p], max_new_tokens=12)[0][0].token_ids for p in PROMPTS]
-
-
-def _serve_overlapping(tiny, eng):
-  """7 requests over 3 slots, two submitted before each step: (requests, compiles after warm-up)."""
-  eng.warmup(32)
-  reqs = [bt.Request(tiny.tokenizer.encode_chat(p), 12, rid=i) for i, p in enumerate(PROMPTS)]
-  pending, names = list(reqs), []
-  with count_compiles(names) as compiles:
-    while pending or not all(r.done for r in reqs):
-      for _ in range(2):
-        if pending:
-          eng.submit(pending.pop(0))
-      eng.step()
-  return reqs, compiles()
 
 
 @pytest.mark.parametrize("drafter,tree", [("ngram", "branch:2,2,1"), ("model", "branch:2,2,1"),
@@ -56,8 +35,8 @@ def test_a_served_tree_gives_plain_greedy_tokens(tiny, plain, drafter, tree, tmp
                                                tokenizer=tiny.tokenizer))}
   eng = factory.make_batcher(tiny, drafter=drafter, policy="fixed", trees=[tree], slots=3, max_len=128, **kw)
   assert set(eng.engines) == {0, tree} and eng.engines[tree].tree is not None
-  reqs, compiles = _serve_overlapping(tiny, eng)
-  assert compiles == 0
+  reqs, (compiles, names), _ = serve_overlapping(tiny, eng, PROMPTS)
+  assert compiles == 0, names
   assert [r.tokens for r in reqs] == plain
   assert {h.bucket for h in eng.history} == {tree}
   assert sum(h.accepted for h in eng.history) > 0 or drafter == "eagle"   # (an untrained head may accept none)
@@ -79,8 +58,8 @@ def test_goodput_with_trees_serves_plain_greedy_and_moves_between_buckets(tiny, 
   eng = bt.ContinuousBatcher(tiny, slots=3, max_len=128, drafter="model", draft=tiny, buckets=(0, 2, 4),
                              policy=policy, trees=TREES)
   assert eng.n_top == 10 and eng.headroom() == 12              # branch:2,2,1 has 2 + 4 + 4 nodes
-  reqs, compiles = _serve_overlapping(tiny, eng)
-  assert compiles == 0
+  reqs, (compiles, names), _ = serve_overlapping(tiny, eng, PROMPTS)
+  assert compiles == 0, names
   assert [r.tokens for r in reqs] == plain
   used = {h.bucket for h in eng.history}
   assert any(not b.startswith("k=") for b in used), used          # a tree was chosen at some load
