@@ -319,8 +319,7 @@ class ContinuousBatcher:
                                       else None)
     self.history.append(StepRecord(self.clock(), bucket.nodes, int(live.sum()),
                                    int(np.sum(np.where(live, dec.k_B + 1, 0))), got, time.perf_counter() - t0,
-                                   int(np.sum(np.where(live, accepted_B, 0))),
-                                   str(bucket.key) if bucket.is_tree else f"k={bucket.key}"))
+                                   int(np.sum(np.where(live, accepted_B, 0))), bucket.label))
     if self.adapter is not None and self.adapter.busy_tick():
       self.adapt()
     return committed + got

@@ -30,6 +30,10 @@ class Bucket:
     return self.shape is not None
 
   @property
+  def label(self) -> str:      # what reports call it: "k=4", or the tree's spec
+    return str(self.key) if self.is_tree else f"k={self.key}"
+
+  @property
   def max_width(self) -> int:  # the most rows one drafter forward of this bucket runs
     return max(self.widths, default=1)
 
