@@ -93,7 +93,7 @@ def cmd_trace(args) -> int:
 def cmd_serve_sim(args) -> int:
   from specjax.models import buffers
   from specjax.prompts import load_prompts
-  from specjax.serving import batcher as bt, latency, trace as trace_lib
+  from specjax.serving import batcher as bt, buckets as bk, latency, trace as trace_lib
   common.check_drafter(args)
   if args.trace:
     reqs = trace_lib.load(args.trace, args.max_new_tokens)
@@ -108,11 +108,13 @@ def cmd_serve_sim(args) -> int:
   common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, "
              f"buckets {list(eng.bucket_info)}: compiling…")
   common.log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
-  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"]) for i, (e, r) in enumerate(zip(encoded, reqs))]
+  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"],         # a trace's own speculation
+                         pin=None if r.get("speculation") is None else bk.pin_key(r["speculation"], eng.bucket_info))
+              for i, (e, r) in enumerate(zip(encoded, reqs))]
   rep = eng.run(requests, log=common.log)
   rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
               "rate": args.rate if not args.trace else None, "buckets": list(eng.bucket_info)})
-  for field in ("round", "phase"):           # a repeated or shifted trace: the requests split by it
+  for field in ("round", "phase", "speculation"):    # a repeated or shifted trace, or pins: the requests split
     if any(field in r for r in reqs):
       rep[f"by_{field}"] = latency.split_report(requests, [r.get(field) for r in reqs])
   if eng.adapter is not None:

@@ -4,7 +4,8 @@
 compiled engine per k bucket (all sharing that state's shapes: ``Engine.stats_nodes``).  Each ``step``:
   1. admits queued requests into free slots: a B = 1 prefill written into the slot (``admit_slot``), while the
      other slots keep their caches;
-  2. asks the policy for the bucket and each sequence's k (``policies``), from the slots' smoothed acceptance;
+  2. asks the policy for the bucket and each sequence's k (``policies``), from the slots' smoothed acceptance,
+     and moves them to the bucket most rows want where requests pinned their own (``policies.apply_pins``);
   3. runs one speculative (or plain, k = 0) iteration for every slot: finished and empty slots compute no
      rows (the native kernels skip them), so an idle slot costs nothing;
   4. reads back the committed tokens, hands them to their requests, and frees the slots of requests that hit
@@ -61,6 +62,7 @@ class Request:
   on_finish: Callable | None = None     # called with (request) once it is finished (any reason)
   sampling: sampling.SamplingParams | None = None   # per-request mode: its settings (None: the batcher's)
   seed: int | None = None               # per-request mode: its PRNG seed (None: drawn from the batcher's)
+  pin: int | str | None = None          # its own bucket (``buckets.pin_key``; 0: off); None: the policy's
   error: str | None = None
   # filled in while serving
   slot: int | None = None
@@ -155,6 +157,7 @@ class ContinuousBatcher:
     self.history: list[StepRecord] = []
     self._prompt_len = np.zeros(self.slots, np.int64)
     self._num_new = np.zeros(self.slots, np.int64)
+    self._waits = np.zeros(self.slots, np.int64)      # [B]: steps since each row got the bucket it wants
     self._accepted = np.zeros(self.slots, np.int64)
     self.state = self._empty_state()
 
@@ -224,6 +227,8 @@ class ContinuousBatcher:
       raise AdmissionError(f"max_tokens must be >= 1, got {r.max_new_tokens}")
     if not r.prompt_ids:
       raise AdmissionError("empty prompt")
+    if r.pin is not None and r.pin not in self.bucket_info:
+      raise AdmissionError(f"speculation {r.pin!r} is not compiled here: it offers {bk.offered(self.bucket_info)}")
     need = len(r.prompt_ids) + r.max_new_tokens + self.headroom()
     if need > self.max_len:
       raise AdmissionError(
@@ -269,7 +274,7 @@ class ContinuousBatcher:
       r.slot, r.admitted = slot, now
       self.running[slot] = r
       self._prompt_len[slot] = len(r.prompt_ids)
-      self._num_new[slot] = 0
+      self._num_new[slot] = self._waits[slot] = 0
       self.tracker.reset(slot)
       self.tree_tracker.reset(slot)
 
@@ -310,8 +315,9 @@ class ContinuousBatcher:
       return committed
     obs = pol.Observation(live, self._prompt_len + self._num_new, self.tracker.alpha,
                           {k: self.tree_tracker.alphas(k, self.tracker.alpha) for k in self.tree_tracker.trees})
-    dec = self.policy.choose(obs)
-    bucket = self.bucket_info.get(dec.k, self.bucket_info[self.k_top])
+    dec, self._waits = pol.apply_pins(self.policy.choose(obs), [getattr(r, "pin", None) for r in self.running],
+                                      live, self._waits, self.bucket_info, self.k_top)
+    bucket = self.bucket_info[dec.k]
     t0 = time.perf_counter()
     self.state = self.jits.step(self.engines[bucket.key], self.m.exec_params, self.draft_params, self.state,
                                 self._put(dec.k_B.astype(np.int32)))

@@ -5,15 +5,21 @@ bucket verifies), so a step of any bucket follows a step of any other without a 
 bucket verifies all N nodes of each live sequence (k_active N; 0 leaves a sequence at a plain step, as every
 idle slot).  ``TreeTracker`` keeps each slot's smoothed acceptance per tree depth for every tree bucket, from
 the steps that drafted that tree, and until a slot has drafted it, a prior from the slot's chain acceptance
-and the tree's widths (each depth's w candidates as w independent tries of the chain's α)."""
+and the tree's widths (each depth's w candidates as w independent tries of the chain's α).
+
+A request may name its own bucket (its ``speculation``: "off", "k=N" or a tree spec): ``pin_key`` finds the
+bucket key that text names among the compiled ones, or refuses it in one line listing what is offered."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
 
+from specjax.errors import SpecjaxError
 from specjax.runtime.request import resolve_tree
+from specjax.speculative.trees.specs import parse_tree_spec
 from specjax.speculative.drafters import DynamicShape
 
 
@@ -62,6 +68,47 @@ def make_buckets(ks: Sequence[int], trees: Sequence, drafter: str, max_len: int)
     b = tree_bucket(t, drafter, max_len)
     out[b.key] = b
   return out
+
+
+OFF = 0       # a request pinned "off" decodes plainly: the plain bucket's key
+
+
+def offered(buckets: dict) -> str:
+  """What a request's ``speculation`` may name here, e.g. "off, k=1, k=2, k=4, branch:2,2,1"."""
+  return ", ".join(["off"] + [b.label for k, b in buckets.items() if k != OFF])
+
+
+def tree_label(text: str) -> str:
+  """A tree spec's canonical text (``Bucket.label`` of the tree ``tree_bucket`` resolves it to); a ``paths:``
+  spec is named by its file, which is not read.  A malformed spec: the tree parser's one-line SpecjaxError."""
+  kind, _, rest = text.strip().partition(":")
+  return f"paths:{rest.strip()}" if kind.strip().lower() == "paths" else str(parse_tree_spec(text))
+
+
+def pin_key(text: str, buckets: dict) -> int | str:
+  """The key of the bucket among ``buckets`` ({key: Bucket}) that a request's ``speculation`` names: "off" (or
+  "k=0") → OFF, "k=N" → N, a tree spec → its label.  A text naming a bucket not compiled here, or malformed:
+  one SpecjaxError line naming what was asked, what this server offers and the fix."""
+  t, head, offers = str(text).strip(), f"'speculation' = {text!r}", f"this server offers {offered(buckets)}"
+  chain = re.fullmatch(r"k\s*=\s*(\d+)", t)
+  if t.lower() == "off" or (chain and int(chain.group(1)) == OFF):
+    return OFF
+  if chain:
+    k = int(chain.group(1))
+    if k in buckets:
+      return k
+    raise SpecjaxError(f"{head}: the chain of {k} drafts is not compiled here; {offers} (restart with --k {k} "
+                       f"for --policy fixed or off-above, or {k} in --buckets for adaptive or goodput, to serve it)")
+  try:
+    if t.lower().startswith("k="):
+      raise SpecjaxError("a chain is k=N with N a whole number, e.g. k=4")
+    label = tree_label(t)
+  except SpecjaxError as e:
+    raise SpecjaxError(f"{head} is not off, k=N or a tree spec ({e}); {offers}") from None
+  if label in buckets:          # (a chain's key is an int: a str key is a tree's label)
+    return label
+  raise SpecjaxError(f"{head}: the tree {label} is not served here; {offers} (restart with --tree {label} to "
+                     "serve that tree)")
 
 
 class TreeTracker:

@@ -83,7 +83,8 @@ class InFlight:
     loop = asyncio.get_running_loop()
     self.events: asyncio.Queue = asyncio.Queue()
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    self.r = r = bt.Request(self.ids, p["max_tokens"], rid=rid, sampling=p["sampling"], seed=p["seed"])
+    self.r = r = bt.Request(self.ids, p["max_tokens"], rid=rid, sampling=p["sampling"], seed=p["seed"],
+                            pin=p.get("pin"))
     r.on_tokens = lambda req, toks: loop.call_soon_threadsafe(
         self.events.put_nowait, ("tokens", (toks, req.logprobs[len(req.tokens) - len(toks):])))
     r.on_finish = lambda req: loop.call_soon_threadsafe(self.events.put_nowait, ("finish", None))

@@ -4,7 +4,7 @@ Each request is sent at its arrival time (seconds after the start) as a streamin
 the time of every server-sent chunk gives time to first token and the inter-token latency.  ``/metrics`` is
 polled every half second for the k the server's policy chose.  An item's ``sampling`` (temperature, top_p,
 top_k, seed) goes into its request's body: ``mixed_sampling`` gives a trace a mix of greedy and sampled
-requests, each seeded.
+requests, each seeded; so does its ``speculation`` (the request's own bucket).
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ async def _one(client, url: str, item: dict, start: float, out: list) -> None:
   sent = time.perf_counter()
   times, text, error, tokens, reason = [], [], None, 0, None
   body = {"messages": [{"role": "user", "content": item["prompt"]}], "max_tokens": item["max_tokens"],
-          "stream": True, "stream_options": {"include_usage": True}, **item.get("sampling", {})}
+          "stream": True, "stream_options": {"include_usage": True}, **item.get("sampling", {}),
+          **({"speculation": item["speculation"]} if item.get("speculation") is not None else {})}
   try:
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
       if resp.status_code != 200:

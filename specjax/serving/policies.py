@@ -15,7 +15,8 @@ switching policy or k compiles nothing.
                (``buckets.Bucket``) is priced at N + 1 rows per sequence and its per-depth acceptance
 
 A bucket is a chain's k or a tree's spec text (``serving/buckets.py``); ``fixed`` and ``off-above`` may name a
-tree (its N nodes are each sequence's k_active).
+tree (its N nodes are each sequence's k_active).  A request may pin its own bucket (its ``speculation``):
+``apply_pins`` then moves the policy's decision to the bucket most rows want.
 """
 from __future__ import annotations
 
@@ -169,6 +170,53 @@ class GoodputOptimal:
     rows = self._rows([n * (1 + t.nodes)], t.nodes)
     secs = self.rows_s(rows, obs.context_B[live])[0] + self.draft_s(t.depth, n, t.max_width)
     return ((n + float(reach.sum())) / secs, t.key, np.where(obs.live_B, t.nodes, 0).astype(np.int32))
+
+
+def _served(run, want, buckets: dict) -> bool:
+  """A row that wants bucket ``want`` gets it from a step of ``run``: that bucket, or a chain at least as long."""
+  return run == want or not (buckets[run].is_tree or buckets[want].is_tree) and run >= want
+
+
+def apply_pins(dec: Decision, pins: Sequence, live_B: np.ndarray, waits_B: np.ndarray, buckets: dict,
+               fallback) -> tuple[Decision, np.ndarray]:
+  """The requests' own speculation over the policy's decision ``dec``; returns the step's decision and each
+  slot's new wait.
+
+  ``pins``: per slot, the bucket key its request pinned (``buckets.pin_key``; 0: off) or None (the policy
+  decides); ``waits_B`` int [B]: steps since each row last got what it wants; ``buckets`` {key: Bucket};
+  ``fallback``: the bucket when the policy names one not compiled.  Each live row wants a bucket, its pin or
+  the policy's choice; a row pinned off takes any step (one token) and does not vote.  The step runs the
+  bucket of the heaviest votes, each weighted 1 + its row's wait, so a pinned minority is not starved (ties:
+  the policy's choice; no votes: plain).  Each row's k_active in a chain of k: min(its pin, k) pinned to a
+  chain, the policy's k capped at k unpinned, 0 pinned to a tree or off; in a tree of N nodes: N for the rows
+  that want that tree, 0 for the others; idle slots 0.  A row's wait goes back to 0 when the step served it
+  (``_served``), else grows by one."""
+  chosen = dec.k if dec.k in buckets else fallback
+  live = [int(b) for b in np.flatnonzero(live_B)]
+  if all(pins[b] is None for b in live):
+    return Decision(chosen, dec.k_B), np.zeros_like(waits_B)
+  want = {b: chosen if pins[b] is None else pins[b] for b in live}
+  voters = [b for b in live if pins[b] is None or pins[b] != 0]
+  votes: dict = {}
+  for b in voters:
+    votes[want[b]] = votes.get(want[b], 0) + 1 + int(waits_B[b])
+  top = max(votes.values(), default=0)
+  run = (0 if not votes else chosen if votes.get(chosen) == top else
+         next(key for key in buckets if votes.get(key) == top))
+  bucket = buckets[run]
+  k_B = np.zeros(len(live_B), np.int32)
+  waits = np.zeros_like(waits_B)
+  for b in live:
+    pin = pins[b]
+    if bucket.is_tree:
+      k_B[b] = bucket.nodes if want[b] == run else 0
+    elif pin is None:
+      k_B[b] = min(int(dec.k_B[b]), bucket.nodes)
+    elif not buckets[pin].is_tree:
+      k_B[b] = min(buckets[pin].nodes, bucket.nodes)
+  for b in voters:
+    waits[b] = 0 if _served(run, want[b], buckets) else waits_B[b] + 1
+  return Decision(run, k_B), waits
 
 
 POLICIES = ("fixed", "off-above", "adaptive", "goodput")

@@ -5,8 +5,10 @@ whose message is the server's own wording and whose ``param`` names the offendin
 
 Fields OpenAI defines but this server does not implement (``NEUTRAL``) are accepted only at their no-effect
 value (or null).  ``max_tokens`` / ``max_completion_tokens`` default to the server's ``--default-max-tokens``;
-``temperature``, ``top_p`` and ``top_k`` to the server's own sampling settings.  When several fields are bad,
-unknown fields are reported first, then the first bad field in ``CHECK_ORDER``."""
+``temperature``, ``top_p`` and ``top_k`` to the server's own sampling settings.  ``speculation`` (specjax's
+own field) is the text of the bucket a request wants ("off", "k=4", "branch:2,2,1"; null: the server's policy
+decides), checked against the running server's buckets by the route (``buckets.pin_key``).  When several
+fields are bad, unknown fields are reported first, then the first bad field in ``CHECK_ORDER``."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Union
@@ -23,7 +25,7 @@ NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "echo": False,
            "tool_choice": None, "parallel_tool_calls": None}
 # The order the fields are judged in: of several bad fields, the first here is the one reported.
 CHECK_ORDER = (*NEUTRAL, "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-               "top_logprobs", "logprobs", "stop", "stream", "messages", "prompt", "stream_options")
+               "top_logprobs", "logprobs", "stop", "stream", "messages", "prompt", "stream_options", "speculation")
 _RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 Say = Callable[[str, Any, str], str]       # (field name, value sent, pydantic's error type) → the message
 
@@ -116,6 +118,12 @@ NoEffect = Annotated[Any, AfterValidator(_no_effect),
                      Field(description="not supported: accepted only at its no-effect value (listed) or null")]
 TopLogprobs = Annotated[Any, AfterValidator(_no_alternatives),
                         Field(description="0 or null: top alternatives are not offered")]
+Speculation = Annotated[
+    StrictStr | None,
+    Field(max_length=200, description="specjax: this request's own speculation: off, k=N (a chain the server "
+          "compiled) or a tree spec it was started with (--tree), e.g. branch:2,2,1; null: its policy decides"),
+    _always("'speculation' must be a string of up to 200 characters: off, k=N or a tree spec such as "
+            "branch:2,2,1 (or null: the server's policy decides)")]
 Echoed = Annotated[Any, Field(description="echoed back in the response (default: the served model's name)")]
 Ignored = SkipJsonSchema[Any]      # accepted (the other endpoint's field), not used
 
@@ -180,6 +188,7 @@ class _OpenAIRequest(BaseModel):
   tools: NoEffect = None
   tool_choice: NoEffect = None
   parallel_tool_calls: NoEffect = None
+  speculation: Speculation = None
 
   @model_validator(mode="before")
   @classmethod
@@ -212,7 +221,7 @@ class _OpenAIRequest(BaseModel):
             "stops": [s for s in stops if s], "stream": self.stream, "model": self.model,
             "include_usage": bool(self.stream_options and self.stream_options.include_usage),
             "sampling": sampling.SamplingParams(temperature, max(top_k, 0), top_p),
-            "seed": self.seed, "logprobs": self._wants_logprobs()}
+            "seed": self.seed, "logprobs": self._wants_logprobs(), "speculation": self.speculation}
 
 
 class CompletionRequest(_OpenAIRequest):

@@ -16,7 +16,8 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest      # at module level: FastAPI resolves handler annotations here
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from specjax.serving import completion
+from specjax.errors import SpecjaxError
+from specjax.serving import buckets as bk, completion
 from specjax.serving.requests import BadRequest, ChatCompletionRequest, CompletionRequest, openapi_schemas, parse_request
 
 GAUGES = (
@@ -133,6 +134,10 @@ async def _complete(request: HttpRequest, chat: bool):
   """Both POST endpoints: parse, submit, then stream the tokens or wait for them all."""
   st = _state(request)
   p = parse_request(await _read_json(request), chat, st.server_sp, st.default_max_tokens)
+  try:                        # a request's own speculation: a bucket this server compiled, before it is queued
+    p["pin"] = None if p["speculation"] is None else bk.pin_key(p["speculation"], st.worker.batcher.bucket_info)
+  except SpecjaxError as e:
+    raise BadRequest(str(e), param="speculation") from None
   c = completion.InFlight(st.worker, st.tokenizer, st.eos_ids, st.model_name, p, chat)
   refused = c.submit()
   if refused is not None:

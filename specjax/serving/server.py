@@ -1,7 +1,8 @@
 """``specjax serve``: an OpenAI-compatible HTTP server over the continuous-batching engine (FastAPI + uvicorn).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streaming with server-sent events or
-not; ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``logprobs``), ``GET /health``, ``GET /metrics``
+not; ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``logprobs``, and specjax's
+``speculation``: a request's own bucket), ``GET /health``, ``GET /metrics``
 (Prometheus text: queue depth, running slots, tokens generated and tokens/s, acceptance, the k chosen),
 ``GET /v1/models``.
 

@@ -77,7 +77,7 @@ def save(trace: list[dict], path: str) -> None:
 
 def load(path: str, default_max_tokens: int = 64) -> list[dict]:
   """A JSONL trace: one object per line with ``arrival`` (seconds from the start), ``prompt`` and optional
-  ``max_tokens``."""
+  ``max_tokens`` and ``speculation`` (the request's own bucket: "off", "k=4", "branch:2,2,1")."""
   p = Path(path)
   if not p.is_file():
     raise SpecjaxError(f"trace file not found: {path}")
@@ -89,7 +89,7 @@ def load(path: str, default_max_tokens: int = 64) -> list[dict]:
       d = json.loads(line)
       item = {"arrival": float(d["arrival"]), "prompt": str(d["prompt"]),
               "max_tokens": int(d.get("max_tokens", default_max_tokens))}
-      out.append({**{k: d[k] for k in ("task", "round", "phase") if k in d}, **item})
+      out.append({**{k: d[k] for k in ("task", "round", "phase", "speculation") if k in d}, **item})
     except (ValueError, KeyError, TypeError) as e:
       raise SpecjaxError(f"{path}:{i}: a trace line needs 'arrival' (seconds) and 'prompt': {e}") from e
   if not out:

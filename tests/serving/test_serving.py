@@ -185,13 +185,15 @@ def test_refusals_cancellation_and_full_queue(tiny):
 
 def test_serve_sim_command_replays_a_trace(tmp_path):
   """`specjax serve-sim --trace FILE --json` on a tiny model: every request served with the tokens asked
-  for, its report's percentiles ordered, and the k-over-time plot written."""
+  for, its report's percentiles ordered, the k-over-time plot written, and the requests whose trace line
+  pins their own speculation reported apart."""
   import json as json_lib
   from tests.helpers import specjax_here
   path = write_gguf(tmp_path / "tiny.gguf", CFG, random_hf_params(CFG, seed=3))
   trace = tmp_path / "trace.jsonl"
+  pins = ({"speculation": "off"}, {"speculation": "k=2"}, {})
   trace.write_text("".join(json_lib.dumps({"arrival": 0.05 * i, "prompt": f"hello {'world ' * i}",
-                                           "max_tokens": 6}) + "\n" for i in range(6)))
+                                           "max_tokens": 6, **pins[i % 3]}) + "\n" for i in range(6)))
   proc = specjax_here("serve-sim", "--model", path, "--trace", trace, "--slots", "2", "--policy", "adaptive",
                       "--buckets", "0,2", "--plot", tmp_path / "k.png", "--json")
   assert proc.returncode == 0, proc.stderr
@@ -199,6 +201,7 @@ def test_serve_sim_command_replays_a_trace(tmp_path):
   assert rep["requests"] == rep["served"] == 6 and rep["refused"] == 0
   assert rep["slots"] == 2 and rep["policy"] == "adaptive" and rep["buckets"] == [0, 2]
   assert rep["tokens_per_s"] > 0
+  assert {g: v["requests"] for g, v in rep["by_speculation"].items()} == {"off": 2, "k=2": 2}
   q = rep["ttft_s"]
   assert 0 < q["p50"] <= q["p90"] <= q["p99"]
   assert (tmp_path / "k.png").stat().st_size > 1000
