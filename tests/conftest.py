@@ -13,11 +13,17 @@ if "SPECJAX_KERNEL_DIR" not in os.environ:
   from specjax import settings as _settings
   os.environ["SPECJAX_KERNEL_DIR"] = str(_settings.cache_root() / "kernels")
 
-# Tests compile a few hundred small programs from an empty cache in CI: LLVM's backend optimisations cost
-# about a third of each compile and buy nothing at these sizes (the heavy matmuls and attention are the native
-# kernels or Eigen, built optimised either way).  Subprocesses inherit it (tests append their own flags).
+# Tests compile several hundred small programs from an empty cache in CI, and compiling was half of a cold
+# run's time.  At these sizes XLA:CPU's code quality buys nothing (the heavy matmuls and attention are the
+# native kernels or Eigen, built optimised either way), so the suite asks for cheap compiles: no LLVM backend
+# optimisation (about a third of each compile), the classic elemental emitters instead of the MLIR fusion
+# emitters (a further ~40% of the backend compile on Xeon 167), one codegen split and no expensive LLVM passes.
+# The same HLO; only the generated machine code differs (results agree to rounding).  Subprocesses inherit these
+# (tests append their own flags, e.g. a host device count).
+_CHEAP_COMPILES = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                   "--xla_cpu_parallel_codegen_split_count=1 --xla_llvm_disable_expensive_passes=true")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _CHEAP_COMPILES).strip()
 
 import jax  # noqa: E402
 

@@ -141,7 +141,8 @@ def test_quantized_weights_and_a_2x2_mesh(tmp_path):
     d, ref = write_family(tmp_path, name)
     tok = api.load(str(d)).tokenizer
     asked[str(d)] = [tok.decode(ref["token_ids"][:n], skip_special_tokens=False) for n in (30, 50)]
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",        # the suite's own compile flags (conftest) kept
+         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()}
   proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "helpers" / "families_mesh_child.py"),
                          json.dumps(asked)], capture_output=True, text=True, env=env, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -111,14 +111,14 @@ def test_integer_activations_keep_chains_trees_and_batches_token_exact_on_real_m
 
 
 def test_greedy_tree_decoding_equals_plain_greedy_on_real_model(smollm):
-  """20 prompts: a dynamic n-gram tree gives the tokens of plain greedy.  Every tree shape with every drafter
+  """10 prompts: a dynamic n-gram tree gives the tokens of plain greedy.  Every tree shape with every drafter
   (static trees, Sequoia, layer-skip and model drafters) is checked on tiny models (tests/speculative/test_trees.py,
   tests/cli/test_tree_cli.py, tests/speculative/test_lossless_trees.py); here a run compiles the 30-layer loop
   (~30 s), so one tree: the kind built per step from the data, whose shape varies most between sequences and
   steps."""
   from specjax.prompts import load_prompts
-  prompts = load_prompts()[:20]
-  kw = dict(max_new_tokens=16, batch_size=20)
+  prompts = load_prompts()[:10]
+  kw = dict(max_new_tokens=16, batch_size=10)
   base = [o.token_ids for o in specjax.generate(smollm, prompts, **kw)[0]]
   outs, stats = specjax.generate(smollm, prompts, drafter="ngram", tree="dynamic:8:2", **kw)
   assert [o.token_ids for o in outs] == base
