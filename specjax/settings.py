@@ -17,6 +17,8 @@ Each is read when asked for, not at import, so a test (or a caller) that changes
                          (int8-256: one x scale per 256 columns) on integer dot products (kernels/cpu_qdot.py);
                          unset: the default there
   SPECJAX_COMPILE_CACHE  0: no persistent compilation cache
+  SPECJAX_PROBE_MB       the read-bandwidth probe's buffer in MiB (default 1024: far past the last-level cache);
+                         the test suite makes it small, as its rooflines are never read
   SPECJAX_WEIGHT_CACHE   0: no converted-weight cache (every load converts again)
   SPECJAX_HUGE_PAGES     1: on the CPU, the weights a decode step reads copied into 2 MB pages at load
                          (runtime/huge_pages.py: faster decoding, a copy of the model in memory)
@@ -81,6 +83,12 @@ def compiler() -> str | None:
 
 def forced_attention() -> str:
   return os.environ.get("SPECJAX_ATTENTION", "").strip()
+
+
+def probe_bytes() -> int:
+  """The read-bandwidth probe's buffer (``calibrate.measure_read_bandwidth``): 1 GiB unless SPECJAX_PROBE_MB."""
+  raw = os.environ.get("SPECJAX_PROBE_MB", "").strip()
+  return max(1, int(raw)) << 20 if raw else 1 << 30
 
 
 def compile_cache_wanted() -> bool:

@@ -6,6 +6,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # weight sizes on some machines (specjax/measure/kernel_paths.py; tests/kernels/test_kernel_choices.py covers it):
 # the same executables, and the same counts of compiled executables, on every machine.
 os.environ.setdefault("SPECJAX_NATIVE", "1")
+# bench's read-bandwidth probe (before and after every run it times) on 16 MiB, not 1 GiB: the tests read its
+# keys, never its value, and the 1 GiB probe was about 3 s a call, two calls a bench run, in every process.
+os.environ.setdefault("SPECJAX_PROBE_MB", "16")
 
 # One build of the native kernels for the whole run: tests that start a process on a fresh SPECJAX_CACHE (an
 # empty cache is their subject) would otherwise each compile the kernels again, ~13 s of a core apiece.

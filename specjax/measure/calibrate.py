@@ -30,21 +30,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache_location, machine
+from specjax import cache_location, machine, settings
 from specjax.models import buffers, config, decode, kv_cache, decoder as model, quant
 from specjax.measure import costmodel, provenance
 from specjax.kernels import cpu_matmul, cpu_qmatmul, dispatch, native
 from specjax.measure import kernel_paths
 
 
-def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict[str, float]:
+def measure_read_bandwidth(nbytes: int | None = None, repeats: int = 5) -> dict[str, float]:
   """Best read bandwidth (GB/s) this machine reaches with all its cores, by three streaming kernels.
 
-  The buffer (1 GiB by default) is far larger than the last-level cache, so it is DRAM bandwidth that is
-  measured.  Kernels: a BLAS matrix-vector product (multi-threaded), a reduction split over one thread per
+  The buffer (``settings.probe_bytes()``: 1 GiB unless SPECJAX_PROBE_MB says otherwise) is far larger than the
+  last-level cache, so it is DRAM bandwidth that is measured.  Kernels: a BLAS matrix-vector product (multi-threaded), a reduction split over one thread per
   core, and an XLA reduction.  Each is run ``repeats`` times and the best time kept.
   """
-  x = np.ones(nbytes // 4, np.float32)
+  x = np.ones((nbytes or settings.probe_bytes()) // 4, np.float32)
   m = x.reshape(-1, 1024)
   v = np.ones(1024, np.float32)
   cores = machine.cores()

@@ -99,8 +99,7 @@ def test_integer_activations_keep_chains_trees_and_batches_token_exact_on_real_m
   prompts = ["Summarize: The city council voted on Tuesday to extend the bus line to the airport. The "
              "extension will open next year and add four stops.", "def fibonacci(n):"]
   base, _ = specjax.generate(m, prompts, max_new_tokens=24, batch_size=1)
-  for kw in (dict(k=2, batch_size=1), dict(k=4, batch_size=1), dict(k=4, batch_size=2),
-             dict(tree="dynamic:8:2", batch_size=2)):
+  for kw in (dict(k=4, batch_size=1), dict(k=4, batch_size=2), dict(tree="dynamic:8:2", batch_size=2)):
     outs, stats = specjax.generate(m, prompts, max_new_tokens=24, drafter="ngram", **kw)
     assert [o.token_ids for o in outs] == [b.token_ids for b in base], kw
     assert stats["drafted_tokens"] > 0
