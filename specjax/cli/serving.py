@@ -105,12 +105,12 @@ def cmd_serve_sim(args) -> int:
   longest = max(len(e) for e in encoded)
   max_len = args.max_len or buffers.buffer_length(longest, max(r["max_tokens"] for r in reqs), common.serving_nodes(args))
   eng = common.serving_engine(args, m, max_len)
+  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"],   # a trace's own speculation, checked
+                         pin=None if r.get("speculation") is None else bk.pin_key(r["speculation"], eng.bucket_info))
+              for i, (e, r) in enumerate(zip(encoded, reqs))]                # before anything compiles
   common.log(f"[serve-sim] {args.slots} slots × {max_len} KV slots, policy {eng.policy.name}, "
              f"buckets {list(eng.bucket_info)}: compiling…")
   common.log(f"[serve-sim] warm-up {eng.warmup(longest):.1f}s; replaying {len(reqs)} requests")
-  requests = [bt.Request(e, r["max_tokens"], rid=i, arrival=r["arrival"],         # a trace's own speculation
-                         pin=None if r.get("speculation") is None else bk.pin_key(r["speculation"], eng.bucket_info))
-              for i, (e, r) in enumerate(zip(encoded, reqs))]
   rep = eng.run(requests, log=common.log)
   rep.update({"policy": eng.policy.name, "drafter": args.drafter, "slots": args.slots, "max_len": max_len,
               "rate": args.rate if not args.trace else None, "buckets": list(eng.bucket_info)})

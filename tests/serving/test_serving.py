@@ -205,6 +205,12 @@ def test_serve_sim_command_replays_a_trace(tmp_path):
   q = rep["ttft_s"]
   assert 0 < q["p50"] <= q["p90"] <= q["p99"]
   assert (tmp_path / "k.png").stat().st_size > 1000
+  # a trace line naming a bucket the run does not compile: one line, before anything compiles
+  trace.write_text(json_lib.dumps({"arrival": 0.0, "prompt": "hello", "speculation": "k=4"}) + "\n")
+  proc = specjax_here("serve-sim", "--model", path, "--trace", trace, "--slots", "2", "--policy", "adaptive",
+                      "--buckets", "0,2")
+  assert proc.returncode == 2 and "compiling" not in proc.stderr, proc.stderr
+  assert "'speculation' = 'k=4'" in proc.stderr.strip().splitlines()[-1] and "off, k=2" in proc.stderr
 
 
 def test_goodput_prices_every_row_on_a_path_that_computes_them():
