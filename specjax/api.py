@@ -224,13 +224,17 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
                       depths: int = 1, max_new_tokens: int = 64, max_len: int = DEFAULT_MAX_LEN,
                       batch_size: int = 1, ngram: int = 3, draft_layers=None, draft: Model | None = None,
                       ngram_caps: Sequence[int] | None = DEFAULT_NGRAM_CAPS, progress: bool = False,
-                      index_tokens: int | None = None) -> dict:
+                      index_tokens: int | None = None, replay: bool = False) -> dict:
   """The per-rank acceptance vector of a target/drafter pair, measured by greedy speculative decoding with
   ``acceptance_tree(ranks, depths)``: ``acc[r]`` is the fraction of live iterations in which the target's
   token was the drafter's r-th choice.  With ``depths`` > 1 the result also has ``acceptance_table``: row d
   is the same vector at depth d + 1, counted over the iterations whose best-guess path was accepted down to
   depth d (a row never reached repeats the one above).  Returns the JSON that
-  ``tree_shapes.load_acceptance_vector`` reads back (it prefers the table)."""
+  ``tree_shapes.load_acceptance_vector`` reads back (it prefers the table).
+
+  ``replay``: the same counters without speculative decoding — plain greedy decoding gives the outputs (one
+  row a step instead of the tree's N + 1), then only the drafter runs over them (``speculative.replay``), whose
+  greedy counters are the engine's exactly."""
   if not drafter_registry.get(drafter).speculates:
     raise SpecjaxError(f"acceptance-vector measures a drafter: pass {drafter_registry.speculating_help()}")
   if ranks < 1:
@@ -240,9 +244,14 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
   tree = acceptance_tree(ranks, depths)
   label = f"branch:{ranks}" if depths == 1 else f"star of {ranks} at each of {depths} depths"
   spec_ = tree_shapes.TreeSpec("paths", path=f"<{label}>", tree=tree)
-  _, stats = generate(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, batch_size=batch_size,
-                      drafter=drafter, ngram=ngram, draft_layers=draft_layers, draft=draft,
-                      ngram_caps=ngram_caps, tree=spec_, progress=progress, index_tokens=index_tokens)
+  settings = dict(drafter=drafter, ngram=ngram, draft_layers=draft_layers, ngram_caps=ngram_caps, tree=spec_,
+                  index_tokens=index_tokens)
+  if replay:
+    stats = _replayed_stats(m, prompts, decode_spec(**settings), max_new_tokens=max_new_tokens, max_len=max_len,
+                            draft=draft)
+  else:
+    _, stats = generate(m, prompts, max_new_tokens=max_new_tokens, max_len=max_len, batch_size=batch_size,
+                        draft=draft, progress=progress, **settings)
   counts_N1 = np.asarray(stats["node_accepted"], dtype=np.float64)
   live = counts_N1[0]
   if live == 0:
@@ -260,11 +269,34 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
          "ranks": ranks, "depths": depths, "iterations": int(live), "prompts": len(prompts),
          "max_new_tokens": max_new_tokens, "new_tokens": stats["new_tokens"],
          "mean_accepted_length": stats["mean_accepted_length"], "machine": provenance.describe()}
+  out["measured_by"] = "replay" if replay else "speculative decoding"
   if depths > 1:
     out["acceptance_table"] = table
     out["iterations_by_depth"] = reached
   out.update(_drafter_settings(m, drafter, ngram, draft_layers, draft, ngram_caps))
   return out
+
+
+def _replayed_stats(m: Model, prompts, ds: DecodeSpec, *, max_new_tokens: int, max_len: int, draft) -> dict:
+  """Greedy speculative decoding's counters (``spec_metrics``) for ``ds``, by offline replay over plain greedy
+  outputs, one prompt at a time (as the engine's batch-1 run)."""
+  from specjax.speculative import replay as rp
+  encoded = encode_prompts(m, prompts)
+  d = build(m, ds, eos_ids=tuple(m.tokenizer.eos_token_ids), max_len=max_len, prompt_lens=list(map(len, encoded)),
+            max_new_tokens=max_new_tokens, batch_size=1, draft=draft)
+  # outputs known past the budget by the tree's depth + 1: the last step's acceptance is the engine's too
+  plain, _ = generate(m, prompts, max_new_tokens=max_new_tokens + d.engine.depth + 1, max_len=d.max_len)
+  total = None
+  for enc, out in zip(encoded, plain):
+    seq_1xS = np.zeros((1, d.max_len), np.int32)
+    end = min(len(enc) + len(out.token_ids), d.max_len)
+    seq_1xS[0, :end] = (list(enc) + list(out.token_ids))[:end]
+    known = rp.record(m.exec_params, m.cfg, seq_1xS, [len(enc)], [end], ds.sampling, taps=d.engine.forward_taps)
+    st = rp.replay(d.engine, m.exec_params, d.draft_params, known, max_new_B=[max_new_tokens],
+                   prompt_width=buffers.pad_batch([enc], 1)[0].shape[1])
+    total = st.stats if total is None else jax.tree_util.tree_map(lambda a, b: a + b, total, st.stats)
+  # greedy speculative decoding emits plain greedy's tokens, up to the budget
+  return {**spec_metrics(total), "new_tokens": sum(min(len(o.token_ids), max_new_tokens) for o in plain)}
 
 
 def _drafter_settings(m: Model, drafter: str, ngram: int, draft_layers, draft, ngram_caps) -> dict:

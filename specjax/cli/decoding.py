@@ -82,6 +82,7 @@ def register(sub) -> dict:
   a.add_argument("--max-new-tokens", type=flags.COUNT, default=64)
   a.add_argument("--batch-size", type=flags.COUNT, default=1)
   common.add_drafter_flags(a, trees=False, default="ngram")
+  a.add_argument("--replay", action="store_true", help="by offline replay: plain decoding, then the drafter alone")
   a.add_argument("--out", default=None, help="write the JSON here (read back by --acceptance FILE)")
   a.add_argument("--json", action="store_true")
   return {"generate": cmd_generate, "score": cmd_score, "tokenize": cmd_tokenize, "bench": cmd_bench,
@@ -226,7 +227,7 @@ def cmd_acceptance_vector(args) -> int:
                               max_new_tokens=args.max_new_tokens, max_len=common.default_max_len(args),
                               batch_size=args.batch_size, ngram=args.ngram, draft_layers=args.draft_layers,
                               draft=common.load_draft(args, m), ngram_caps=common.parse_ngram_caps(args.ngram_caps), progress=True,
-                              **common.index_kwargs(args))
+                              replay=args.replay, **common.index_kwargs(args))
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(res, f, indent=2, default=common.json_default)

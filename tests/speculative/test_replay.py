@@ -162,3 +162,24 @@ def test_replay_refuses_what_it_cannot_reproduce(target):
   with pytest.raises(ValueError, match="does not fit buffers of S=16"):
     rp.replay(eng, tparams, (), rp.record(tparams, CFG, np.zeros((1, 16), np.int32), [4], [18],
                                             sampling.SamplingParams()))
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_acceptance_tables_from_replay_equal_the_decoded_ones(tiny, drafter, tmp_path):
+  """``acceptance_vector(replay=True)`` (Sequoia's per-rank, per-depth tables from plain greedy outputs and the
+  drafter alone) gives the table speculative decoding with the acceptance tree measures, count for count.  (The
+  n-gram's ranks spread here; random tiny models agree on their first choice, so the model's row is 1, 0, 0.)"""
+  from specjax import api
+  from tests.helpers import CFG, random_hf_params, write_gguf
+  prompts = ["hello world hello world hello", "the cat sat on the mat the cat", "a b c a b c a b"]
+  draft = api.load(str(write_gguf(tmp_path / "draft.gguf", CFG, random_hf_params(CFG, seed=5)))) \
+      if drafter == "model" else None
+  kw = dict(drafter=drafter, ranks=3, depths=2, max_new_tokens=12, max_len=128, draft=draft)
+  decoded = api.acceptance_vector(tiny, prompts, **kw)
+  replayed = api.acceptance_vector(tiny, prompts, replay=True, **kw)
+  assert replayed["measured_by"] == "replay" and decoded["measured_by"] == "speculative decoding"
+  assert decoded["iterations"] > 0
+  assert drafter == "model" or 0 < decoded["acceptance_vector"][0] < 1, decoded     # ranks that disagree
+  for key in ("acceptance_vector", "acceptance_table", "iterations", "iterations_by_depth", "mean_accepted_length",
+              "new_tokens"):
+    assert replayed[key] == decoded[key], key
