@@ -24,9 +24,7 @@ import numpy as np
 
 import specjax
 from specjax import api
-from specjax.models import buffers
 from specjax.prompts import load_prompts
-from specjax.speculative import replay as rp
 
 
 def parse_method(text: str) -> dict:
@@ -36,26 +34,6 @@ def parse_method(text: str) -> dict:
     key, _, value = p.partition("=")
     out[key] = int(value) if value.isdigit() else value
   return out
-
-
-def known_for(m, d, sp, encoded, outputs):
-  """One ``Known`` per prompt: its prompt and output in a buffer of the engine's length."""
-  out = []
-  for enc, toks in zip(encoded, outputs):
-    seq = np.zeros((1, d.max_len), np.int32)
-    ends = len(enc) + len(toks)
-    seq[0, :ends] = list(enc) + list(toks)
-    out.append(rp.record(m.exec_params, m.cfg, seq, [len(enc)], [ends], sp, taps=d.engine.forward_taps))
-  return out
-
-
-def replay_all(m, d, knowns, widths, max_new, key=None):
-  """Replay every prompt; the counters summed."""
-  total = None
-  for kn, w in zip(knowns, widths):
-    st = rp.replay(d.engine, m.exec_params, d.draft_params, kn, max_new_B=[max_new], prompt_width=w, key=key)
-    total = st.stats if total is None else jax.tree_util.tree_map(lambda a, b: a + b, total, st.stats)
-  return total
 
 
 def main():
@@ -82,7 +60,6 @@ def main():
     draft = specjax.load(args.draft, weights=args.weights) if args.draft else api.default_draft_model(m)
   prompts = load_prompts(args.prompts, args.category, limit=args.limit)
   encoded = api.encode_prompts(m, prompts)
-  widths = [buffers.pad_batch([e], 1)[0].shape[1] for e in encoded]
   M = args.max_new_tokens
   rows = []
   for meth in methods:
@@ -99,15 +76,15 @@ def main():
     if ds.sampling.greedy:
       plain, _ = specjax.generate(m, prompts, max_new_tokens=M + d.engine.depth + 1, max_len=d.max_len)
       same = sum(o.token_ids == p.token_ids[:len(o.token_ids)] for o, p in zip(outs, plain))
-      knowns = known_for(m, d, ds.sampling, encoded, [p.token_ids for p in plain])
-      got = api.spec_metrics(replay_all(m, d, knowns, widths, M))
+      knowns = api.record_outputs(m, d, encoded, [p.token_ids for p in plain])
+      got = api.spec_metrics(api.replay_recorded(m, d, encoded, knowns, M))
       row = {"method": label, "sampled": False, "tau_engine": tau_engine, "tau_replay": got["mean_accepted_length"],
              "alpha_engine": stats["acceptance_rate"], "alpha_replay": got["acceptance_rate"],
              "steps_engine": stats["iterations"], "steps_replay": got["iterations"],
              "outputs_equal_plain": f"{same}/{len(outs)}"}
     else:
-      knowns = known_for(m, d, ds.sampling, encoded, [o.token_ids for o in outs])
-      draws = [api.spec_metrics(replay_all(m, d, knowns, widths, M, key=jax.random.PRNGKey(1000 + r)))
+      knowns = api.record_outputs(m, d, encoded, [o.token_ids for o in outs])
+      draws = [api.spec_metrics(api.replay_recorded(m, d, encoded, knowns, M, key=jax.random.PRNGKey(1000 + r)))
                for r in range(args.replays)]
       taus = np.array([g["mean_accepted_length"] for g in draws])
       steps = np.array([g["iterations"] for g in draws], np.float64)

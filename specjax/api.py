@@ -268,8 +268,8 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
   out = {"acceptance_vector": table[0], "model": m.source, "drafter": drafter,
          "ranks": ranks, "depths": depths, "iterations": int(live), "prompts": len(prompts),
          "max_new_tokens": max_new_tokens, "new_tokens": stats["new_tokens"],
-         "mean_accepted_length": stats["mean_accepted_length"], "machine": provenance.describe()}
-  out["measured_by"] = "replay" if replay else "speculative decoding"
+         "mean_accepted_length": stats["mean_accepted_length"], "machine": provenance.describe(),
+         "measured_by": "replay" if replay else "speculative decoding"}
   if depths > 1:
     out["acceptance_table"] = table
     out["iterations_by_depth"] = reached
@@ -277,26 +277,43 @@ def acceptance_vector(m: Model, prompts: Sequence[str | Prompt], *, drafter: str
   return out
 
 
-def _replayed_stats(m: Model, prompts, ds: DecodeSpec, *, max_new_tokens: int, max_len: int, draft) -> dict:
-  """Greedy speculative decoding's counters (``spec_metrics``) for ``ds``, by offline replay over plain greedy
-  outputs, one prompt at a time (as the engine's batch-1 run)."""
+def record_outputs(m: Model, d: Decode, encoded, outputs) -> list:
+  """One ``replay.Known`` per prompt: its prompt and known output in a buffer of ``d``'s length, with what one
+  teacher-forced target pass says about them when ``d`` needs it (features, sampled log-probabilities)."""
   from specjax.speculative import replay as rp
+  knowns = []
+  for enc, toks in zip(encoded, outputs):
+    seq_1xS = np.zeros((1, d.max_len), np.int32)
+    end = min(len(enc) + len(toks), d.max_len)
+    seq_1xS[0, :end] = (list(enc) + list(toks))[:end]
+    knowns.append(rp.record(m.exec_params, m.cfg, seq_1xS, [len(enc)], [end], d.engine.sp,
+                            taps=d.engine.forward_taps))
+  return knowns
+
+
+def replay_recorded(m: Model, d: Decode, encoded, knowns, max_new_tokens: int, key=None) -> spec.SpecStats:
+  """``d``'s counters over recorded outputs by offline replay, one prompt at a time (as its batch-1 run, each
+  drafter initialised on that prompt's padded width), summed."""
+  from specjax.speculative import replay as rp
+  total = None
+  for enc, known in zip(encoded, knowns):
+    st = rp.replay(d.engine, m.exec_params, d.draft_params, known, max_new_B=[max_new_tokens], key=key,
+                   prompt_width=buffers.pad_batch([enc], 1)[0].shape[1])
+    total = st.stats if total is None else jax.tree_util.tree_map(lambda a, b: a + b, total, st.stats)
+  return total
+
+
+def _replayed_stats(m: Model, prompts, ds: DecodeSpec, *, max_new_tokens: int, max_len: int, draft) -> dict:
+  """Greedy speculative decoding's metrics for ``ds`` by offline replay over plain greedy outputs."""
   encoded = encode_prompts(m, prompts)
   d = build(m, ds, eos_ids=tuple(m.tokenizer.eos_token_ids), max_len=max_len, prompt_lens=list(map(len, encoded)),
             max_new_tokens=max_new_tokens, batch_size=1, draft=draft)
   # outputs known past the budget by the tree's depth + 1: the last step's acceptance is the engine's too
   plain, _ = generate(m, prompts, max_new_tokens=max_new_tokens + d.engine.depth + 1, max_len=d.max_len)
-  total = None
-  for enc, out in zip(encoded, plain):
-    seq_1xS = np.zeros((1, d.max_len), np.int32)
-    end = min(len(enc) + len(out.token_ids), d.max_len)
-    seq_1xS[0, :end] = (list(enc) + list(out.token_ids))[:end]
-    known = rp.record(m.exec_params, m.cfg, seq_1xS, [len(enc)], [end], ds.sampling, taps=d.engine.forward_taps)
-    st = rp.replay(d.engine, m.exec_params, d.draft_params, known, max_new_B=[max_new_tokens],
-                   prompt_width=buffers.pad_batch([enc], 1)[0].shape[1])
-    total = st.stats if total is None else jax.tree_util.tree_map(lambda a, b: a + b, total, st.stats)
+  outputs = [o.token_ids for o in plain]
+  stats = replay_recorded(m, d, encoded, record_outputs(m, d, encoded, outputs), max_new_tokens)
   # greedy speculative decoding emits plain greedy's tokens, up to the budget
-  return {**spec_metrics(total), "new_tokens": sum(min(len(o.token_ids), max_new_tokens) for o in plain)}
+  return {**spec_metrics(stats), "new_tokens": sum(min(len(t), max_new_tokens) for t in outputs)}
 
 
 def _drafter_settings(m: Model, drafter: str, ngram: int, draft_layers, draft, ngram_caps) -> dict:

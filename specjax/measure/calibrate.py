@@ -41,8 +41,8 @@ def measure_read_bandwidth(nbytes: int | None = None, repeats: int = 5) -> dict[
   """Best read bandwidth (GB/s) this machine reaches with all its cores, by three streaming kernels.
 
   The buffer (``settings.probe_bytes()``: 1 GiB unless SPECJAX_PROBE_MB says otherwise) is far larger than the
-  last-level cache, so it is DRAM bandwidth that is measured.  Kernels: a BLAS matrix-vector product (multi-threaded), a reduction split over one thread per
-  core, and an XLA reduction.  Each is run ``repeats`` times and the best time kept.
+  last-level cache, so it is DRAM bandwidth that is measured.  Kernels: a BLAS matrix-vector product
+  (multi-threaded), a reduction split over one thread per core, and an XLA reduction.  Each is run ``repeats`` times and the best time kept.
   """
   x = np.ones((nbytes or settings.probe_bytes()) // 4, np.float32)
   m = x.reshape(-1, 1024)
