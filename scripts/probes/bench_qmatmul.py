@@ -5,7 +5,9 @@ timed as one chain of native kernel calls for M = 1, 2, 4, 8 rows of x.
   python scripts/probes/bench_qmatmul.py [--kinds fp32,bf16,int8,int4] [--rows 1,2,4,8] [--layers 28] [--json]
 
 A kind may name the activations too: ``int4+int8`` (or ``int8+int8-256``) runs the integer-dot kernel
-(cpu_qdot.cc: x quantized to int8 with 32- or 256-column scales) instead of the fp32-activation one.
+(cpu_qdot.cc: x quantized to int8 with 32- or 256-column scales) instead of the fp32-activation one; a
+``/tiles`` after it (``int4+int8/tiles``) gives that kernel the weights in 16-row tiles, the layout a model
+with integer activations loads them in (cpu_qdot_tiles.cc).
 
 Prints ms per pass, G weights/s and GB/s of weight bytes read, and each type's ratio over fp32 at one row:
 the ceiling that plain decoding at that type can reach over fp32 on this machine (the rest of a step —
@@ -66,7 +68,10 @@ def main():
   results = {"machine": provenance.describe(), "layers": args.layers, "kinds": {}}
   for spec in args.kinds.split(","):
     kind, _, acts = spec.partition("+")
+    acts, _, layout = acts.partition("/")
     ws = [random_weight(kind, N, D, rng) for N, D in shapes]
+    if layout == "tiles":
+      ws = [w.in_tiles() for w in ws]
     total = sum(nbytes(w) for w in ws)
     weights = sum(N * D for N, D in shapes)
     mm = cpu_matmul.matmul_t_native if kind == "fp32" else cpu_qmatmul.qmatmul_t_native

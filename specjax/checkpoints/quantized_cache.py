@@ -41,6 +41,7 @@ def flatten(params) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
 
   def expand(prefix, node):   # a QWeight becomes a dict of its fields
     if isinstance(node, quant.QWeight):
+      node = node.in_rows()    # stored in rows (tiles are made at load, for the kernel that reads them)
       qweights[prefix] = {"kind": node.kind, "group": node.group}
       return {f: getattr(node, f) for f in ("data", "scale", "offset") if getattr(node, f) is not None}
     if isinstance(node, dict):

@@ -25,7 +25,9 @@
 // verification row has the bits of a decode row.
 //
 // FFI targets "specjax_qdot_int8" and "specjax_qdot_int4" (cpu_qdot.py): the int8 and int4 formats of
-// cpu_qmatmul.cc, with an attribute xblock (32 or 256).  Paths: AVX-512 VNNI, AVX2, portable (isa.h);
+// cpu_qmatmul.cc, with attributes xblock (32 to 256) and tiled: weights repacked into 16-row tiles, which
+// cpu_qdot_tiles.cc multiplies (faster at every row count; a model with integer activations loads its weights
+// so), the row layout here serving the weights that cannot be tiled (N not a multiple of 16).  Paths: AVX-512 VNNI, AVX2, portable (isa.h);
 // SpecjaxQDotPath() says which one the active instruction set takes.
 #include <algorithm>
 #include <cmath>
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "qdot_task.h"
 #include "rows.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -42,27 +45,13 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-enum Kind { kInt8 = 1, kInt4 = 2 };
-enum Path : int32_t { kPathPortable = 0, kPathAvx2 = 1, kPathVnni = 2 };
-
-struct DotTask {
-  const uint8_t* w;        // int8 [N, D] bytes, or int4 [N, D/2] (16 bytes per 32 columns: column j low nibble
-                           // of byte j, column j + 16 high nibble)
-  const float* scale;      // [N, D/G]
-  const float* offset;     // int4 [N, D/G]; null for int8
-  float* y;                // [rows, N]
-  const int64_t* row;      // [M]: the rows of y computed
-  int64_t M, N, D, G, XB;  // XB: columns per x scale (32 or 256)
-  Kind kind;
-  // x, quantized (QuantizeRows): row m of each is the m-th live row
-  const int8_t* qx;        // [M, Dp] (zero past D; Dp = D rounded up to 64)
-  const float* sx;         // [M, D/32]: each 32-column block's x scale (amax / 127 of its scale block)
-  const float* sxv;        // VNNI with XB = 32: [M, Dp/64, 16], each 64-column step's two block scales x 8
-  const float* xsum;       // int4: [M, D/G], x's fp32 sum over each weight group
-  const int32_t* corr;     // [M, Dp/4]: -c x the sum of each 4 consecutive qx, where an int32 lane of 4 products
-                           // starts: c = 8 for int4 (the centring), 128 for int8 on VNNI (w + 128)
-  int64_t Dp;
-};
+using specjax::qdot::DotTask;
+using specjax::qdot::Kind;
+using specjax::qdot::kInt8;
+using specjax::qdot::kInt4;
+using specjax::qdot::kPathPortable;
+using specjax::qdot::kPathAvx2;
+using specjax::qdot::kPathVnni;
 
 inline int64_t Blocks(const DotTask& t) { return t.D / 32; }
 
@@ -71,10 +60,10 @@ inline int64_t Blocks(const DotTask& t) { return t.D / 32; }
 struct Quantized {
   std::vector<int8_t> qx;
   std::vector<float> sx, sxv, xsum;
-  std::vector<int32_t> corr;
+  std::vector<int32_t> corr, bsum;
 };
 
-void QuantizeRows(const float* x, DotTask& t, bool vnni, Quantized& q) {
+void QuantizeRows(const float* x, DotTask& t, bool vnni, bool tiled, Quantized& q) {
   const int64_t D = t.D, Dp = (D + 63) / 64 * 64, blocks = D / 32, per = t.XB / 32;
   t.Dp = Dp;
   q.qx.assign(t.M * Dp, 0);
@@ -103,6 +92,17 @@ void QuantizeRows(const float* x, DotTask& t, bool vnni, Quantized& q) {
         q.xsum[m * groups + g] = s;
       }
     t.xsum = q.xsum.data();
+  }
+  if (tiled) {   // each 32-column block's sum of qx (the tiled kernels need nothing else)
+    q.bsum.resize(t.M * blocks);
+    for (int64_t m = 0; m < t.M; ++m)
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t s = 0;
+        for (int64_t d = 32 * b; d < 32 * b + 32; ++d) s += q.qx[m * Dp + d];
+        q.bsum[m * blocks + b] = s;
+      }
+    t.bsum = q.bsum.data();
+    return;
   }
   if (vnni && t.XB == 32) {
     const int64_t steps = Dp / 64;
@@ -373,7 +373,7 @@ void RowBlock(const DotTask& t, int32_t path, int64_t n0, int64_t n1) {
 
 ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, const uint8_t* w,
                int64_t N, int64_t w_cols, const float* scale, const float* offset, int64_t scale_cols,
-               ffi::Buffer<ffi::S32>& rows, int64_t xblock, ffi::ResultBuffer<ffi::F32>& y) {
+               ffi::Buffer<ffi::S32>& rows, int64_t xblock, bool tiled, ffi::ResultBuffer<ffi::F32>& y) {
   auto xd = x.dimensions();
   const int64_t n_rows = static_cast<int64_t>(rows.element_count());
   const int64_t D = xd.size() == 2 ? xd[1] : -1;
@@ -386,6 +386,8 @@ ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<f
     return ffi::Error::InvalidArgument(std::string(name) + ": scale must be [N, D/G], G 32 or 64");
   if (xblock != 32 && xblock != 64 && xblock != 128 && xblock != 256)
     return ffi::Error::InvalidArgument(std::string(name) + ": xblock must be 32, 64, 128 or 256");
+  if (tiled && N % 16 != 0)
+    return ffi::Error::InvalidArgument(std::string(name) + ": a tiled weight needs N a multiple of 16");
   specjax::LiveRows live;
   if (const char* bad = live.Collect(rows.typed_data(), n_rows, xd[0], N, y->typed_data())) {
     return ffi::Error::InvalidArgument(std::string(name) + ": " + bad);
@@ -394,14 +396,20 @@ ffi::Error Run(const char* name, Kind kind, ffi::ThreadPool& pool, ffi::Buffer<f
   if (t.M == 0) return ffi::Error::Success();
   const int32_t path = ActivePath();
   thread_local Quantized q;
-  QuantizeRows(x.typed_data(), t, path == kPathVnni, q);
+  QuantizeRows(x.typed_data(), t, path == kPathVnni, tiled, q);
+  if (tiled) {   // in units of 16-row tiles (cpu_qdot_tiles.cc)
+    specjax::RunRowBlocks(N / 16, t.M * N * D / 4, pool.num_threads(), [&t, path](int64_t t0, int64_t t1) {
+      specjax::qdot::RowBlockTiles(t, path, t0, t1);
+    });
+    return ffi::Error::Success();
+  }
   specjax::RunRowBlocks(N, t.M * N * D / 4, pool.num_threads(),
                         [&t, path](int64_t n0, int64_t n1) { RowBlock(t, path, n0, n1); });
   return ffi::Error::Success();
 }
 
 ffi::Error QDotInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
-                    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> rows, int64_t xblock,
+                    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> rows, int64_t xblock, bool tiled,
                     ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   auto sd = scale.dimensions();
@@ -409,12 +417,12 @@ ffi::Error QDotInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     return ffi::Error::InvalidArgument("specjax_qdot_int8 expects w [N, D] and scale [N, D/G]");
   }
   return Run("specjax_qdot_int8", kInt8, pool, x, reinterpret_cast<const uint8_t*>(w.typed_data()), wd[0], wd[1],
-             scale.typed_data(), nullptr, sd[1], rows, xblock, y);
+             scale.typed_data(), nullptr, sd[1], rows, xblock, tiled, y);
 }
 
 ffi::Error QDotInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                     ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset, ffi::Buffer<ffi::S32> rows,
-                    int64_t xblock, ffi::ResultBuffer<ffi::F32> y) {
+                    int64_t xblock, bool tiled, ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   auto sd = scale.dimensions();
   auto od = offset.dimensions();
@@ -422,7 +430,7 @@ ffi::Error QDotInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     return ffi::Error::InvalidArgument("specjax_qdot_int4 expects w [N, D/2], scale and offset [N, D/G]");
   }
   return Run("specjax_qdot_int4", kInt4, pool, x, w.typed_data(), wd[0], wd[1], scale.typed_data(),
-             offset.typed_data(), sd[1], rows, xblock, y);
+             offset.typed_data(), sd[1], rows, xblock, tiled, y);
 }
 
 }  // namespace
@@ -438,6 +446,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQDotInt8, QDotInt8,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("xblock")
+                                  .Attr<bool>("tiled")
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQDotInt4, QDotInt4,
@@ -449,4 +458,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxQDotInt4, QDotInt4,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("xblock")
+                                  .Attr<bool>("tiled")
                                   .Ret<ffi::Buffer<ffi::F32>>());

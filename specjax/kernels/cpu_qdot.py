@@ -6,7 +6,10 @@ block's products summed exactly in int32, then scaled (``cpu_qdot.cc`` says why 
   qdot_t_reference(x, w, ...)       XLA: the same integers, as an int8 x int8 dot accumulated in int32
                                     (``preferred_element_type``) per block, then the float scales: what an
                                     accelerator runs, and the kernel's reference
-  qdot_t_native(x, w, ...)          the C++ kernel (fp32 x), ``live``/``group`` as ``cpu_matmul``
+  qdot_t_native(x, w, ...)          the C++ kernel (fp32 x), ``live``/``group`` as ``cpu_matmul``; a weight in
+                                    16-row tiles (``QWeight.in_tiles``, made at load) takes its tiled kernel
+                                    (``cpu_qdot_tiles.cc``: 8 rows of x cost little more than one), with the
+                                    bits of the portable path in rows
 
 ``ACTIVATIONS`` names the choices a model makes (``dispatch.Backends.activations``): "fp32" keeps the present
 kernel (``cpu_qmatmul``: fp32 activations against widened weights); "int8", "int8-64" and "int8-256" take this
@@ -55,6 +58,7 @@ def qdot_t_reference(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
   fp32 out."""
   M, D = x_MxD.shape
   N = w.shape[-2]
+  w = w.in_rows()
   qx, sx = quantize_activations(x_MxD, xblock)
   # int4: the nibbles centred (nibble - 8), the 8 moved into the exact offset term (cpu_qdot.cc says why)
   qw = quant.unpack_int4(w.data).astype(jnp.int8) - 8 if w.kind == "int4" else w.data
@@ -68,25 +72,25 @@ def qdot_t_reference(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
   return y if live is None else jnp.where(cpu_matmul._live_mask(M, live, group), y, 0)
 
 
-def _call(kind: str, x_MxD, data, scale, offset, rows_2, xblock: int):
+def _call(kind: str, x_MxD, data, scale, offset, rows_2, xblock: int, tiled: bool):
   native.require()
   out = jax.ShapeDtypeStruct((x_MxD.shape[0], data.shape[0]), jnp.float32)
   args = (x_MxD, data, scale, rows_2) if kind == "int8" else (x_MxD, data, scale, offset, rows_2)
-  return jax.ffi.ffi_call(TARGETS[kind], out)(*args, xblock=xblock)
+  return jax.ffi.ffi_call(TARGETS[kind], out)(*args, xblock=xblock, tiled=tiled)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6, 7))
-def _native(kind, x_MxD, data, scale, offset, rows_2, group, xblock):
-  return _call(kind, x_MxD, data, scale, offset, rows_2, xblock)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6, 7, 8))
+def _native(kind, x_MxD, data, scale, offset, rows_2, group, xblock, tiled):
+  return _call(kind, x_MxD, data, scale, offset, rows_2, xblock, tiled)
 
 
-def _native_fwd(kind, x_MxD, data, scale, offset, rows_2, group, xblock):
-  return _call(kind, x_MxD, data, scale, offset, rows_2, xblock), (x_MxD, data, scale, offset, rows_2)
+def _native_fwd(kind, x_MxD, data, scale, offset, rows_2, group, xblock, tiled):
+  return _call(kind, x_MxD, data, scale, offset, rows_2, xblock, tiled), (x_MxD, data, scale, offset, rows_2)
 
 
-def _native_bwd(kind, group, xblock, res, dy_MxN):   # straight through the rounding of x; the weight is frozen
+def _native_bwd(kind, group, xblock, tiled, res, dy_MxN):   # straight through the rounding of x; w is frozen
   x_MxD, data, scale, offset, rows_2 = res
-  w_NxD = quant.dequantize(kind, data, scale, group, jnp.float32, offset)
+  w_NxD = quant.QWeight(data, scale, kind, group, offset, tiled).dequantize(jnp.float32)
   return cpu_matmul.frozen_weight_dx(x_MxD, w_NxD, rows_2, dy_MxN), None, None, None, None
 
 
@@ -98,7 +102,7 @@ def qdot_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
   M = x_MxD.shape[0]
   rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.concatenate(
       [jnp.asarray([group], jnp.int32), jnp.atleast_1d(jnp.asarray(live, jnp.int32))])
-  return _native(w.kind, x_MxD, w.data, w.scale, w.offset, rows, w.group, xblock)
+  return _native(w.kind, x_MxD, w.data, w.scale, w.offset, rows, w.group, xblock, w.tiled)
 
 
 def path() -> str | None:

@@ -62,12 +62,14 @@ def qmatmul_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int =
   M = x_MxD.shape[0]
   rows = jnp.asarray([M, M], jnp.int32) if live is None else jnp.concatenate(
       [jnp.asarray([group], jnp.int32), jnp.atleast_1d(jnp.asarray(live, jnp.int32))])
+  w = w.in_rows()      # this kernel reads rows (a tiled weight is put back, at a copy's cost: dispatch avoids it)
   return _native(w.kind, x_MxD, w.data, w.scale, w.offset, rows, w.group)
 
 
 def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
               backends: dispatch.Backends | None = None) -> jax.Array:
-  """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``).  ``group``:
+  """x · dequantize(w)ᵀ: the native kernel when it applies, else the reference (``dispatch.py``; a weight in
+  16-row tiles only has the integer-dot kernel, and otherwise takes the reference).  ``group``:
   the new tokens per sequence (rows come in groups of it).  With integer activations (``backends.activations``)
   decode-sized calls take ``cpu_qdot``: its kernel on the CPU, its int8-dot reference on an accelerator."""
   backends = backends or dispatch.resolve()
@@ -78,7 +80,7 @@ def qmatmul_t(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
                               lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))
   if xblock and group <= dispatch.QUANT_NATIVE_MAX_TOKENS and not native.available():
     return cpu_qdot.qdot_t_reference(x_MxD, w, live, group, xblock).astype(x_MxD.dtype)   # an accelerator
-  if dispatch.native_quant_applies(backends, x_MxD.dtype, group):
+  if dispatch.native_quant_applies(backends, x_MxD.dtype, group) and not w.tiled:
     return cpu_matmul.by_rows(x_MxD.shape[0], live, group, lambda lv: qmatmul_t_native(x_MxD, w, lv, group),
                               lambda lv: qmatmul_t_reference(x_MxD, w, lv, group))
   return qmatmul_t_reference(x_MxD, w, live, group)

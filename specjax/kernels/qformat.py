@@ -29,6 +29,8 @@ class QWeight:
   kind: str = dataclasses.field(metadata=dict(static=True))
   group: int = dataclasses.field(default=GROUP, metadata=dict(static=True))
   offset: jax.Array | None = None     # int4: the group minimum
+  tiled: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  """Whether the fields are in 16-row tiles (``tile``), the integer-dot kernel's layout, instead of rows."""
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -40,20 +42,74 @@ class QWeight:
     return int(sum(x.size * x.dtype.itemsize for x in (self.data, self.scale, self.offset) if x is not None))
 
   def dequantize(self, dtype=jnp.float32) -> jax.Array:
-    return dequantize(self.kind, self.data, self.scale, self.group, dtype, self.offset)
+    return self.in_rows().dequantize(dtype) if self.tiled else dequantize(self.kind, self.data, self.scale,
+                                                                          self.group, dtype, self.offset)
+
+  def in_rows(self) -> "QWeight":
+    """The weight in the row layout (itself if it is in it)."""
+    if not self.tiled:
+      return self
+    opt = lambda x, unit: None if x is None else untile_rows(x, unit)   # noqa: E731
+    return QWeight(untile_rows(self.data, 4), opt(self.scale, 1), self.kind, self.group, opt(self.offset, 1))
+
+  def in_tiles(self) -> "QWeight":
+    """The weight in 16-row tiles (``tile_rows``; host numpy), or itself where that layout does not apply."""
+    if self.tiled or not tiles_apply(self):
+      return self
+    tiles = lambda x, unit: None if x is None else jnp.asarray(tile_rows(np.asarray(x), unit))   # noqa: E731
+    return QWeight(tiles(self.data, 4), tiles(self.scale, 1), self.kind, self.group, tiles(self.offset, 1),
+                   tiled=True)
 
   def take_rows(self, ids, dtype=jnp.float32) -> jax.Array:
     """Rows ``ids`` of a [N, D] weight, dequantized (an embedding lookup): [..., D]."""
     return self.select_rows(ids).dequantize(dtype)
 
   def select_rows(self, ids) -> "QWeight":
-    """The weight restricted to rows ``ids``, still quantized (a reduced-vocabulary head)."""
+    """The weight restricted to rows ``ids``, still quantized (a reduced-vocabulary head), in rows."""
+    if self.tiled:   # row r is lane r % 16 of tile r // 16: gathered where it lies, nothing else is moved
+      ids = jnp.asarray(ids)
+      pick = lambda x, unit: None if x is None else take_tiled_rows(x, ids, unit)   # noqa: E731
+      return QWeight(pick(self.data, 4), pick(self.scale, 1), self.kind, self.group, pick(self.offset, 1))
     take = lambda x: None if x is None else jnp.take(x, ids, axis=0)   # noqa: E731
     return QWeight(take(self.data), take(self.scale), self.kind, self.group, take(self.offset))
 
 
 def is_quantized(w) -> bool:
   return isinstance(w, QWeight)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 16-row tiles: the integer-dot kernel's layout (``cpu_qdot_tiles.cc`` says why).  A field [N, C] (the packed
+# bytes, or the scales) is cut into units of ``unit`` consecutive elements (4 bytes, or 1 scale), and each tile
+# of 16 rows stores unit q of its 16 rows side by side: [N/16, 16, C/unit, unit] -> [N/16, C/unit, 16, unit].
+# A permutation: the shape, the bytes and every quantized value are those of the row layout.
+
+TILE = 16
+
+
+def tiles_apply(w: QWeight) -> bool:
+  """Whether ``w`` can be tiled: int8 or int4, N a multiple of 16 and D of 32."""
+  return w.kind in ("int8", "int4") and w.shape[-2] % TILE == 0 and w.shape[-1] % BLOCK == 0
+
+
+def tile_rows(x, unit: int):
+  """A field [..., N, C] in rows -> in tiles (numpy or jax, whichever ``x`` is)."""
+  *lead, N, C = x.shape
+  t = x.reshape(*lead, N // TILE, TILE, C // unit, unit).swapaxes(-3, -2).reshape(*lead, N, C)
+  return np.ascontiguousarray(t) if isinstance(t, np.ndarray) else t
+
+
+def untile_rows(x, unit: int):
+  """The inverse of ``tile_rows``."""
+  *lead, N, C = x.shape
+  return x.reshape(*lead, N // TILE, C // unit, TILE, unit).swapaxes(-3, -2).reshape(*lead, N, C)
+
+
+def take_tiled_rows(x, ids, unit: int):
+  """Rows ``ids`` [...] of a tiled field [N, C], in rows: [..., C]."""
+  N, C = x.shape
+  t = jnp.asarray(x).reshape(N // TILE, C // unit, TILE, unit)
+  return t[ids // TILE, :, ids % TILE, :].reshape(*ids.shape, C)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -42,10 +42,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax.errors import SpecjaxError
-from specjax.kernels.qformat import (BLOCK, GROUP, GROUPS, KINDS, QUANTIZED, QWeight, dequantize,
+from specjax.kernels.qformat import (BLOCK, GROUP, GROUPS, KINDS, QUANTIZED, QWeight, dequantize, tiles_apply,
                                      is_quantized, pack_int4, quantize, unpack_int4)
 
 __all__ = ["BLOCK", "GROUP", "GROUPS", "KINDS", "QUANTIZED", "QWeight", "dequantize", "is_quantized", "pack_int4",
+           "tiles_apply", "in_tiles",
            "quantize", "unpack_int4", "MATRICES", "weight_kind", "quantize_matrix", "quantize_params",
            "holds_quantized", "weights_kind", "compute_dtype", "activation_dtype", "embed_rows", "param_bytes",
            "bits_per_weight"]
@@ -110,6 +111,14 @@ def quantize_params(params: dict, kind: str) -> dict:
   else:
     out["layers"] = {n: one(n, w) if n in MATRICES else w for n, w in layers.items()}
   return out
+
+
+def in_tiles(params):
+  """``params`` with every int8/int4 matrix that can be in 16-row tiles (``QWeight.in_tiles``): the layout of the
+  integer-dot kernel (``kernels/cpu_qdot_tiles.cc``), made on the host once, at load, when a model runs with
+  integer activations.  The same values: every other reader (the reference, a prefill block, an embedding
+  lookup) reads it through the layout."""
+  return jax.tree_util.tree_map(lambda w: w.in_tiles() if isinstance(w, QWeight) else w, params, is_leaf=_is_leaf)
 
 
 def holds_quantized(params) -> bool:

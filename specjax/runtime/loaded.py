@@ -143,7 +143,10 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto", activati
   compile_cache.enable()    # registers the kernels before any cached executable can be read
   from specjax.measure import kernel_paths
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced
+  backends = dispatch.resolve(activations=activations)
+  if backends.activations != "fp32" and backends.native_quant:   # the integer-dot kernel's layout, made once
+    loaded = dataclasses.replace(loaded, params=quant.in_tiles(loaded.params))
   m = Model.from_loaded(loaded)
-  m.cfg = m.cfg.replace(backends=dispatch.resolve(activations=activations))   # made once, rides in the config
+  m.cfg = m.cfg.replace(backends=backends)   # made once, rides in the config
   m.load_s = time.perf_counter() - t0
   return m

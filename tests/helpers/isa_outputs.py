@@ -36,7 +36,7 @@ def _inputs():
     atts.append((q, k, v, lengths, jnp.asarray(mask)))
   quants = []
   for kind, (M, N, D) in [("bf16", (3, 37, 101)), ("int8", (5, 45, 96)), ("int8", (3, 20, 128)), ("int4", (2, 70, 128)),
-                          ("int4", (7, 9, 64))]:
+                          ("int4", (7, 9, 64)), ("int8", (9, 48, 96)), ("int4", (3, 32, 192))]:
     quants.append((jnp.asarray(r.standard_normal((M, D)), jnp.float32),
                    quant.quantize(kind, r.standard_normal((N, D)).astype(np.float32), 64 if D == 128 else 32)))
   return mats, atts, quants
@@ -63,6 +63,8 @@ def outputs() -> dict[str, np.ndarray]:
       if cpu_qdot.applies(w):
         for xblock in (32, 256):
           out[f"{path}/qdot{xblock}/{i}"] = np.asarray(cpu_qdot.qdot_t_native(x, w, xblock=xblock))
+          if quant.tiles_apply(w):
+            out[f"{path}/qdot{xblock}-tiles/{i}"] = np.asarray(cpu_qdot.qdot_t_native(x, w.in_tiles(), xblock=xblock))
   native.set_isa(best)
   return out
 

@@ -46,7 +46,8 @@ def test_every_path_passes_its_tests_under_emulation():
        "tests/kernels/test_quant.py::test_kernel_equals_reference",
        "tests/kernels/test_quant.py::test_kernel_live_rows_and_row_bits",
        "tests/kernels/test_qdot.py::test_each_path_equals_the_integer_reference",
-       "tests/kernels/test_qdot.py::test_a_row_has_the_same_bits_however_many_rows"],
+       "tests/kernels/test_qdot.py::test_a_row_has_the_same_bits_however_many_rows",
+       "tests/kernels/test_qdot.py::test_tiled_weights_give_the_portable_row_bits"],
       cwd=ROOT, env=_emulated_env(), capture_output=True, text=True, timeout=900)
   tail = proc.stdout[-3000:] + proc.stderr[-2000:]
   assert proc.returncode == 0, tail

@@ -64,6 +64,45 @@ def test_a_row_has_the_same_bits_however_many_rows(path, restore_isa):
       np.testing.assert_array_equal(out[0], one)
 
 
+TILED_SHAPES = [(1, 16, 96), (2, 48, 32), (3, 32, 64), (5, 16, 576), (8, 64, 192), (9, 16, 160), (40, 32, 256),
+                (64, 16, 96)]
+
+
+@needs_native
+@pytest.mark.parametrize("path", PATHS or ["portable"])
+def test_tiled_weights_give_the_portable_row_bits(path, restore_isa):
+  """Weights in 16-row tiles (the layout a model with integer activations loads, cpu_qdot_tiles.cc): on every
+  path, bit for bit the portable path in rows, for 1-64 rows, both kinds, groups and x scale blocks, odd block
+  counts, live rows; so also the same bits whatever the row count.  The layout itself: a permutation that
+  dequantizes, gathers embedding rows and goes back to rows unchanged."""
+  kernel = jax.jit(cpu_qdot.qdot_t_native, static_argnames=("group", "xblock"))
+  r = np.random.default_rng(7)
+  for kind in cpu_qdot.KINDS:
+    for M, N, D in TILED_SHAPES:
+      group = 64 if D % 64 == 0 and M % 2 else 32
+      w = _weight(kind, N, D, group, seed=M)
+      tiles = w.in_tiles()
+      assert tiles.tiled and tiles.shape == w.shape and not np.array_equal(tiles.data, w.data)
+      np.testing.assert_array_equal(tiles.in_rows().data, w.data)
+      np.testing.assert_array_equal(tiles.dequantize(), w.dequantize())
+      ids = jnp.asarray([[0, N - 1], [N // 2, 5]])
+      np.testing.assert_array_equal(tiles.take_rows(ids), w.take_rows(ids))
+      x = jnp.asarray(r.standard_normal((M, D)) * np.exp(r.uniform(-2, 2, (1, D))), jnp.float32)
+      for xblock in (32, 64, 256):
+        native.set_isa("portable")
+        rows = np.asarray(kernel(x, w, xblock=xblock))
+        assert native.set_isa(path) == path
+        out = np.asarray(kernel(x, tiles, xblock=xblock))
+        np.testing.assert_array_equal(out, rows, err_msg=f"{path} {kind} M={M} N={N} D={D} G={group} xb={xblock}")
+        assert _rel(out, cpu_qdot.qdot_t_reference(x, tiles, xblock=xblock)) <= 1e-5
+  w = _weight("int8", 32, 96).in_tiles()
+  x = jnp.asarray(r.standard_normal((12, 96)), jnp.float32)
+  live = jnp.asarray([2, 0, 4], jnp.int32)           # 3 groups of 4 rows
+  out = np.asarray(cpu_qdot.qdot_t_native(x, w, live, 4))
+  assert not out[2:8].any() and out[8:12].any()
+  np.testing.assert_array_equal(out[0], np.asarray(cpu_qdot.qdot_t_native(x[:1], w))[0])
+
+
 def test_reference_is_an_integer_dot_near_fp32_activations():
   """The XLA path an accelerator runs: an int8 x int8 dot accumulated in int32; against fp32 activations the
   error is the activation rounding, larger where a few columns are large (as in real activations) and larger
@@ -109,7 +148,8 @@ def test_dispatch_takes_the_integer_kernel_for_decode_rows(monkeypatch):
 def test_greedy_speculative_equals_plain_on_integer_activations(kind):
   backends = dispatch.Backends(native_quant=True, activations="int8")
   fp32 = model.init_params(CFG, jax.random.PRNGKey(0))
-  target = model.unstack_layers(quant.quantize_params(fp32, kind))
+  target = model.unstack_layers(quant.in_tiles(quant.quantize_params(fp32, kind)))   # as a model loads
+  assert all(w.tiled for w in target["layers"][0].values() if quant.is_quantized(w))
   draft = model.unstack_layers(quant.quantize_params(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)), kind))
   prompts = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10]], np.int32)
   lens, max_new = np.array([6, 8]), np.array([16, 11], np.int32)
