@@ -34,6 +34,11 @@
 namespace specjax::qdot {
 namespace {
 
+#ifndef SPECJAX_QDOT_AHEAD
+#define SPECJAX_QDOT_AHEAD 4096
+#endif
+constexpr int64_t kAhead = SPECJAX_QDOT_AHEAD;   // bytes the VNNI loop prefetches ahead of its reads
+
 inline int64_t RowBytes(const DotTask& t) { return t.kind == kInt8 ? t.D : t.D / 2; }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -112,17 +117,24 @@ SPECJAX_TARGET_AVX512VNNI void TileVnni(const DotTask& t, int64_t tile, int64_t 
     for (int64_t b = a; b < end; ++b) {
       const uint8_t* p = wt + b * kBlockBytes;
 #pragma GCC unroll 8
-      for (int64_t j = 0; j < kBlockBytes; j += 64) _mm_prefetch(reinterpret_cast<const char*>(p + 4096 + j), _MM_HINT_T0);
-      __m512i s[MB];
+      for (int64_t j = 0; j < kBlockBytes; j += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kAhead + j), _MM_HINT_T0);
+      // Each row's sum in two chains (C = 2) when few rows leave the dot-product unit waiting on one chain's
+      // latency; the chains are added in integers, exactly.
+      constexpr int C = MB <= 2 ? 2 : 1;
+      __m512i s[C][MB];
 #pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) s[i] = _mm512_set1_epi32(kStart * bs[i][b]);
+      for (int i = 0; i < MB; ++i) {
+        s[0][i] = _mm512_set1_epi32(kStart * bs[i][b]);
+        if constexpr (C == 2) s[C - 1][i] = _mm512_setzero_si512();
+      }
       if constexpr (KIND == kInt8) {
         const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
           const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(p + 64 * j), flip);
 #pragma GCC unroll 8
-          for (int i = 0; i < MB; ++i) s[i] = _mm512_dpbusd_epi32(s[i], w, _mm512_set1_epi32(xq[i][8 * b + j]));
+          for (int i = 0; i < MB; ++i)
+            s[j % C][i] = _mm512_dpbusd_epi32(s[j % C][i], w, _mm512_set1_epi32(xq[i][8 * b + j]));
         }
       } else {
         const __m512i mask = _mm512_set1_epi8(15);
@@ -132,15 +144,19 @@ SPECJAX_TARGET_AVX512VNNI void TileVnni(const DotTask& t, int64_t tile, int64_t 
           const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
 #pragma GCC unroll 8
           for (int i = 0; i < MB; ++i) {
-            s[i] = _mm512_dpbusd_epi32(s[i], lo, _mm512_set1_epi32(xq[i][8 * b + j]));
-            s[i] = _mm512_dpbusd_epi32(s[i], hi, _mm512_set1_epi32(xq[i][8 * b + 4 + j]));
+            s[0][i] = _mm512_dpbusd_epi32(s[0][i], lo, _mm512_set1_epi32(xq[i][8 * b + j]));
+            s[C - 1][i] = _mm512_dpbusd_epi32(s[C - 1][i], hi, _mm512_set1_epi32(xq[i][8 * b + 4 + j]));
           }
         }
+      }
+      if constexpr (C == 2) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) s[0][i] = _mm512_add_epi32(s[0][i], s[1][i]);
       }
       const __m512 sw = _mm512_loadu_ps(st + (b >> gshift) * 16);
 #pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) {
-        const __m512 pf = _mm512_cvtepi32_ps(s[i]);
+        const __m512 pf = _mm512_cvtepi32_ps(s[0][i]);
         if (per == 1) {
           acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(pf, _mm512_set1_ps(sx[i][b])), sw, acc[i]);
         } else {
