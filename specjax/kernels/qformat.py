@@ -95,6 +95,9 @@ def tiles_apply(w: QWeight) -> bool:
 def tile_rows(x, unit: int):
   """A field [..., N, C] in rows -> in tiles (numpy or jax, whichever ``x`` is)."""
   *lead, N, C = x.shape
+  if isinstance(x, np.ndarray) and unit == 4 and x.dtype.itemsize == 1:   # 4-byte units as one uint32: 2.5x faster
+    x = np.ascontiguousarray(x)
+    return tile_rows(x.view(np.uint32), 1).view(x.dtype)
   t = x.reshape(*lead, N // TILE, TILE, C // unit, unit).swapaxes(-3, -2).reshape(*lead, N, C)
   return np.ascontiguousarray(t) if isinstance(t, np.ndarray) else t
 

@@ -113,12 +113,15 @@ def quantize_params(params: dict, kind: str) -> dict:
   return out
 
 
-def in_tiles(params):
+def in_tiles(params: dict, tied: bool = False) -> dict:
   """``params`` with every int8/int4 matrix that can be in 16-row tiles (``QWeight.in_tiles``): the layout of the
   integer-dot kernel (``kernels/cpu_qdot_tiles.cc``), made on the host once, at load, when a model runs with
   integer activations.  The same values: every other reader (the reference, a prefill block, an embedding
-  lookup) reads it through the layout."""
-  return jax.tree_util.tree_map(lambda w: w.in_tiles() if isinstance(w, QWeight) else w, params, is_leaf=_is_leaf)
+  lookup) reads it through the layout.  The embedding stays in rows unless it is also the head (``tied``):
+  it is only looked up."""
+  tile = lambda w: w.in_tiles() if isinstance(w, QWeight) else w   # noqa: E731
+  return {k: v if k == "embed" and not tied else jax.tree_util.tree_map(tile, v, is_leaf=_is_leaf)
+          for k, v in params.items()}
 
 
 def holds_quantized(params) -> bool:

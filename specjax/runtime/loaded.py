@@ -145,7 +145,7 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto", activati
   kernel_paths.ensure()     # the CPU kernel paths, measured once per machine before anything is traced
   backends = dispatch.resolve(activations=activations)
   if backends.activations != "fp32" and backends.native_quant:   # the integer-dot kernel's layout, made once
-    loaded = dataclasses.replace(loaded, params=quant.in_tiles(loaded.params))
+    loaded = dataclasses.replace(loaded, params=quant.in_tiles(loaded.params, loaded.cfg.tie_embeddings))
   m = Model.from_loaded(loaded)
   m.cfg = m.cfg.replace(backends=backends)   # made once, rides in the config
   m.load_s = time.perf_counter() - t0

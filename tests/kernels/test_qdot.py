@@ -148,7 +148,7 @@ def test_dispatch_takes_the_integer_kernel_for_decode_rows(monkeypatch):
 def test_greedy_speculative_equals_plain_on_integer_activations(kind):
   backends = dispatch.Backends(native_quant=True, activations="int8")
   fp32 = model.init_params(CFG, jax.random.PRNGKey(0))
-  target = model.unstack_layers(quant.in_tiles(quant.quantize_params(fp32, kind)))   # as a model loads
+  target = model.unstack_layers(quant.in_tiles(quant.quantize_params(fp32, kind), CFG.tie_embeddings))   # as loaded
   assert all(w.tiled for w in target["layers"][0].values() if quant.is_quantized(w))
   draft = model.unstack_layers(quant.quantize_params(model.init_params(DRAFT_CFG, jax.random.PRNGKey(1)), kind))
   prompts = np.array([[5, 6, 7, 8, 5, 6, 0, 0], [9, 10, 11, 12, 13, 14, 9, 10]], np.int32)
