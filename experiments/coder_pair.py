@@ -7,6 +7,7 @@ Methods (each a row; ``group`` and ``x`` place it in the plots):
                        same prompts, ``api.acceptance_vector`` with ``acceptance_depths`` depths)
   model dynamic N      a tree chosen every step from the 0.5B's scores (EAGLE-2 style), N nodes
   ngram chain k / trie prompt lookup as a chain, and as a trie merging several earlier continuations
+  suffix chain k       suffix decoding over the earlier requests and this one (``suffix_ks``)
   layerskip k          the target's own first layers as the draft
   hybrid chain k       prompt lookup where the last ``hybrid_match`` tokens occurred before, the 0.5B elsewhere
                        (``speculative.hybrid``)
@@ -40,7 +41,7 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
                  layerskip_ks=(), draft_layers=None, acceptance=None, hybrid_ks=(),
                  hybrid_match: int = 3, heads=None, head_ks=(), head_trees=(),
                  head_hybrid_ks=(), head_weights: str | None = None,
-                 extra_drafts=None) -> list[tuple[str, int, dict]]:
+                 extra_drafts=None, suffix_ks=()) -> list[tuple[str, int, dict]]:
   """(group, x, ``bench.speculative_method`` keywords) for every method of the comparison.  ``extra_drafts``
   ({weight type: the draft model loaded at it}): the 0.5B's chains again at each of those types."""
   out: list[tuple[str, int, dict]] = [("model chain", k, {"drafter": "model", "k": k}) for k in ks]
@@ -56,6 +57,7 @@ def method_specs(ks=(1, 2, 3, 4, 5, 6, 7, 8), sequoia_budgets=(), dynamic_budget
   for tree in ngram_trees:
     n = api.resolve_tree(tree, drafter="ngram", max_len=api.AUTO_MAX_LEN_LIMIT).num_nodes
     out.append(("ngram trie", n, {"drafter": "ngram", "tree": tree, "ngram_caps": ngram_caps}))
+  out += [("suffix chain", k, {"drafter": "suffix", "k": k}) for k in suffix_ks]
   out += [("layerskip", k, {"drafter": "layerskip", "k": k, "draft_layers": draft_layers}) for k in layerskip_ks]
   out += [("hybrid chain", k, {"drafter": "hybrid", "k": k, "ngram": hybrid_match}) for k in hybrid_ks]
   hw = {} if head_weights is None else {"head_weights": head_weights}
@@ -123,17 +125,18 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
                ngram_caps=api.DEFAULT_NGRAM_CAPS, layerskip_ks=(3,), draft_layers=14, hybrid_ks=(5, 7),
                hybrid_match: int = 3, heads=None, head_ks=(3, 4, 5, 6), head_trees=(), head_hybrid_ks=(),
                head_weights: str | None = None, draft_weights=(), device: str | None = None, repeats: int = 1,
-               weights: str = "auto", log=print) -> dict:
+               weights: str = "auto", activations: str = "auto", suffix_ks=(), log=print) -> dict:
   if not prompts:
     raise SpecjaxError("coder_pair.prompts is not set: bind it to a HumanEval JSONL by path, e.g. "
                        "--gin-binding \"coder_pair.prompts = '../shared/data/humaneval/HumanEval_0-99.jsonl'\"")
   chosen = pick_prompts(prompts, categories, per_category, limit)
-  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, weights=weights, log=log)
+  m, d, batches = setup(model, chosen, 1, max_new_tokens, max_len, draft=draft, weights=weights,
+                        activations=activations, log=log)
   api.check_same_vocabulary(m, d)
   extra = {}
   for w in draft_weights:      # the 0.5B again at other weight types (``model@int8 chain`` rows)
     log(f"[coder_pair] loading the draft {draft} again with {w} weights")
-    extra[w] = api.load(draft, dtype=str(m.dtype), weights=w)
+    extra[w] = api.load(draft, dtype=str(m.dtype), weights=w, activations=activations)
   eos = tuple(m.tokenizer.eos_token_ids)
   measured = None
   if sequoia_budgets:
@@ -145,7 +148,8 @@ def coder_pair(model: str = "qwen2.5-coder-1.5b", draft: str = "qwen2.5-coder-0.
   methods = method_specs(ks, sequoia_budgets, dynamic_budgets, dynamic_top_k, dynamic_depth, ngram_ks,
                          ngram_trees, ngram_caps, layerskip_ks, draft_layers, acc, hybrid_ks, hybrid_match,
                          heads=dict(heads or {}), head_ks=head_ks, head_trees=head_trees,
-                         head_hybrid_ks=head_hybrid_ks, head_weights=head_weights, extra_drafts=extra)
+                         head_hybrid_ks=head_hybrid_ks, head_weights=head_weights, extra_drafts=extra,
+                         suffix_ks=suffix_ks)
   log(f"[coder_pair] {len(methods)} methods, interleaved with plain decoding prompt by prompt")
   ar, results = bench.compare(m, batches, [s for _, _, s in methods], max_new_tokens=max_new_tokens,
                               max_len=max_len, eos_ids=eos, draft=d, repeats=repeats, log=log)

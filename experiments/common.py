@@ -14,12 +14,12 @@ def pick_prompts(prompts: str, categories=None, per_category: int | None = None,
 
 def setup(model: str, prompts: list[Prompt], batch_size: int, max_new_tokens: int, max_len: int,
           dtype: str = "auto", draft: str | None = None, mesh: str | None = None, weights: str = "auto",
-          log=print):
+          activations: str = "auto", log=print):
   """The target (and draft) loaded in ``dtype`` ("auto": bfloat16 on accelerators, float32 on the CPU) with
-  ``weights`` (auto, fp32, bf16, int8, int4: as ``--weights``) and, with ``mesh`` ('DATAxMODEL'), sharded over
-  that many devices; the prompts in batches."""
-  m = api.load(model, dtype=dtype, weights=weights)
-  d = api.load(draft, dtype=dtype, weights=weights) if draft else None
+  ``weights`` (auto, fp32, bf16, int8, int4: as ``--weights``) and ``activations`` (as ``--activations``) and,
+  with ``mesh`` ('DATAxMODEL'), sharded over that many devices; the prompts in batches."""
+  m = api.load(model, dtype=dtype, weights=weights, activations=activations)
+  d = api.load(draft, dtype=dtype, weights=weights, activations=activations) if draft else None
   if mesh is not None:
     m = api.on_mesh(m, mesh)
     d = api.on_mesh(d, m.mesh) if d is not None else None

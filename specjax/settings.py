@@ -15,7 +15,8 @@ Each is read when asked for, not at import, so a test (or a caller) that changes
   SPECJAX_ATTENTION      force the attention path: native, pallas or xla
   SPECJAX_ACTIVATIONS    what int8/int4 weights multiply in decode-sized matmuls: fp32 activations, or int8
                          (int8-256: one x scale per 256 columns) on integer dot products (kernels/cpu_qdot.py);
-                         unset: the default there
+                         unset: int8 where the integer-dot kernel runs on AVX-512 VNNI, else fp32
+                         (kernels/dispatch.default_activations)
   SPECJAX_COMPILE_CACHE  0: no persistent compilation cache
   SPECJAX_PROBE_MB       the read-bandwidth probe's buffer in MiB (default 1024: far past the last-level cache);
                          the test suite makes it small, as its rooflines are never read

@@ -41,6 +41,9 @@ class KnownModel:
   sha256: str | None = None
   description: str = ""
   default_draft: str | None = None   # the registry's draft for this target (``--drafter model`` without --draft)
+  default_draft_weights: tuple[tuple[str, str], ...] = ()
+  """(target weight type, the default draft's weight type) where the draft measured fastest at another type
+  than the target's (on the CPU; elsewhere, and for other types, the draft takes the target's)."""
 
 
 def _split_gguf(project: str, version: str, sizes_and_hashes: list[tuple[int, str]],
@@ -107,7 +110,10 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (
         parts=_QWEN_1_5B_PARTS, size=1117320768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         description="Qwen2.5-Coder-1.5B-Instruct, Q4_K/Q6_K GGUF in 22 wheels (1.1 GB; 7.1 GB as fp32)",
-        default_draft="qwen2.5-coder-0.5b"),
+        default_draft="qwen2.5-coder-0.5b",
+        # beside an fp32 target the int8 0.5B drafts 3-4x faster for the same acceptance (docs/BENCHMARKS.md,
+        # "The coder pair by drafter": 3.14x against 1.97x over plain decoding on an Intel Xeon)
+        default_draft_weights=(("fp32", "int8"),)),
     KnownModel(
         name="qwen2.5-coder-0.5b", kind="gguf", filename="Qwen2.5-Coder-0.5B-Instruct.gguf",
         parts=_QWEN_0_5B_PARTS, size=491400064,
@@ -226,8 +232,22 @@ def list_models() -> list[dict]:
     rows.append({"name": spec.name, "kind": spec.kind, "description": spec.description,
                  "download_bytes": spec.size, "path": str(path), "cached": cached,
                  "bytes_on_disk": (path.stat().st_size + converted.converted_bytes(path)) if cached else 0,
-                 "default_draft": spec.default_draft})
+                 "default_draft": spec.default_draft,
+                 "default_draft_weights": _draft_weights_text(spec) if spec.default_draft else None})
   return rows
+
+
+def _draft_weights_text(spec: KnownModel) -> str:
+  """'int8 beside fp32; else the target's' (how ``specjax models`` states the default draft's weight type)."""
+  where = [f"{d} beside {t}" for t, d in spec.default_draft_weights]
+  return "; ".join([*where, "else the target's" if where else "the target's"])
+
+
+def default_draft_weights(target: str, target_weights: str) -> str | None:
+  """The weight type the registry's draft runs at beside ``target`` at ``target_weights`` on the CPU, where
+  it differs from the target's (None: the target's)."""
+  spec = KNOWN_MODELS.get(os.fspath(target))
+  return dict(spec.default_draft_weights).get(target_weights) if spec is not None else None
 
 
 def default_draft(target: str) -> str | None:

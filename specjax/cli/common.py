@@ -55,8 +55,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                       "on integer dot products (int8-64, int8-256: one scale per 64 or 256 inputs, else 32); "
                       "auto: $SPECJAX_ACTIVATIONS, else the default (docs/guides/quantized-weights.md)")
   p.add_argument("--draft-weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
-                 help="the draft model's or trained head's weight type (default: --weights; a head's "
-                      "layer, input projections and head rows)")
+                 help="the draft model's or trained head's weight type (default: the target's; the "
+                      "registry's draft at the type `specjax models` names, e.g. int8 beside an fp32 coder "
+                      "target; a head's layer, input projections and head rows)")
   p.add_argument("--max-len", type=flags.COUNT, default=None,
                  help="KV cache positions per sequence (default: generate and bench size them to the longest "
                       "prompt + --max-new-tokens + speculative headroom, rounded up to a power of two ≥ 256; "
@@ -233,11 +234,12 @@ def load_model(args):
 
 def load_draft(args, m, ds=None):
   """The draft of ``--drafter``/``--draft`` for the target ``m`` (``api.load_draft``): a loaded draft model
-  (``--draft``, else the registry's draft for ``--model``; at ``--draft-weights``, else ``--weights``), a
-  trained drafter's directory, or None."""
+  (``--draft``, else the registry's draft for ``--model``; at ``--draft-weights``, else the target's weight
+  type, or the type the registry's draft measured fastest at beside it), a trained drafter's directory, or
+  None."""
   from specjax import api
   ds = ds or api.DecodeSpec(drafter=args.drafter)
-  weights = getattr(args, "draft_weights", None) or getattr(args, "weights", "auto")
+  weights = getattr(args, "draft_weights", None) or "auto"
   return api.load_draft(m, ds, args.draft, weights=None if weights == "auto" else weights, log=log_specjax)
 
 

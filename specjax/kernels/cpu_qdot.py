@@ -31,7 +31,7 @@ ACTIVATIONS = dispatch.ACTIVATIONS    # name -> columns per x scale (None: fp32 
 TARGETS = {"int8": "specjax_qdot_int8", "int4": "specjax_qdot_int4"}
 KINDS = tuple(TARGETS)
 BLOCK = 32          # columns per integer block sum
-PATHS = ("portable", "avx2", "avx512-vnni")   # SpecjaxQDotPath() values
+PATHS = native.QDOT_PATHS   # SpecjaxQDotPath() values
 
 
 def applies(w: quant.QWeight) -> bool:
@@ -108,6 +108,4 @@ def qdot_t_native(x_MxD: jax.Array, w: quant.QWeight, live=None, group: int = 1,
 def path() -> str | None:
   """The kernel's path under the active instruction set ('avx512-vnni', 'avx2', 'portable'); None without the
   native kernels.  (The AVX-512 instruction set without VNNI takes the AVX2 path.)"""
-  if not native.available():
-    return None
-  return PATHS[native._STATE["lib"].SpecjaxQDotPath()]
+  return native.qdot_path()

@@ -102,15 +102,32 @@ class Backends:
 # ``cpu_qmatmul``; otherwise x quantized to int8 on integer dot products, ``cpu_qdot``).
 ACTIVATIONS = {"fp32": None, "int8": 32, "int8-64": 64, "int8-256": 256}
 DEFAULT_ACTIVATIONS = "fp32"
+# Where the integer-dot kernel runs on AVX-512 VNNI, "auto" means int8: measured there (docs/BENCHMARKS.md,
+# "16-row tiles": the 1.5B at int8 and int4 on an Intel Xeon) it verifies 4 rows for 1.16-1.19x one row against
+# 1.34-1.90x with fp32 activations, decodes one row within 1-5% of them, and keeps perplexity within 1% of
+# fp32.  Elsewhere (AVX2 only, measured on a Zen 3 before the tiled kernel) fp32 stays the default.
+VNNI_DEFAULT_ACTIVATIONS = "int8"
+
+
+def default_activations() -> str:
+  """What ``--activations auto`` means without ``SPECJAX_ACTIVATIONS``: int8 where the integer-dot kernel runs
+  on AVX-512 VNNI, else fp32."""
+  return VNNI_DEFAULT_ACTIVATIONS if native.qdot_path() == "avx512-vnni" else DEFAULT_ACTIVATIONS
+
+
+def check_activations(asked: str | None = None) -> None:
+  """A bad name (``asked``, or ``SPECJAX_ACTIVATIONS`` behind "auto") fails here, before anything loads or
+  builds."""
+  from specjax.errors import SpecjaxError
+  name = asked if asked not in (None, "auto") else settings.activations()
+  if name is not None and name not in ACTIVATIONS:
+    raise SpecjaxError(f"unknown activations '{name}': use one of auto, {', '.join(ACTIVATIONS)}")
 
 
 def activations_choice(asked: str | None = None) -> str:
-  """``asked`` ("auto" or None: ``SPECJAX_ACTIVATIONS``, else ``DEFAULT_ACTIVATIONS``), checked."""
-  from specjax.errors import SpecjaxError
-  name = asked if asked not in (None, "auto") else (settings.activations() or DEFAULT_ACTIVATIONS)
-  if name not in ACTIVATIONS:
-    raise SpecjaxError(f"unknown activations '{name}': use one of auto, {', '.join(ACTIVATIONS)}")
-  return name
+  """``asked`` ("auto" or None: ``SPECJAX_ACTIVATIONS``, else ``default_activations()``), checked."""
+  check_activations(asked)
+  return asked if asked not in (None, "auto") else (settings.activations() or default_activations())
 
 
 def resolve(mesh=None, platform: str | None = None, activations: str | None = None) -> Backends:

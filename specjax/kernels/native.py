@@ -191,6 +191,17 @@ def path_name() -> str:
   return f"native-{isa()}" + ("-emulated" if emulating() else "")
 
 
+QDOT_PATHS = ("portable", "avx2", "avx512-vnni")   # SpecjaxQDotPath() values (cpu_qdot.cc)
+
+
+def qdot_path() -> str | None:
+  """The integer-dot kernel's path under the active instruction set ('avx512-vnni', 'avx2', 'portable'); None
+  without the native kernels.  (AVX-512 without VNNI takes the AVX2 path.)"""
+  if not available():
+    return None
+  return QDOT_PATHS[_STATE["lib"].SpecjaxQDotPath()]
+
+
 def detected_isa() -> str | None:
   """The best path this CPU supports (what ``isa`` is unless forced lower)."""
   if not available():

@@ -131,6 +131,8 @@ def probe_weights(kinds=("bf16", "int8", "int4"), rows=(1, 2, 4, 8, 16, 32, 64),
   out = {}
   for kind in kinds:
     qw = quant.quantize(kind, w)
+    if backends.activations != "fp32" and backends.native_quant:
+      qw = qw.in_tiles()      # the layout a model with integer activations loads (runtime.loaded.load)
     f = jax.jit(lambda x, qw: cpu_qmatmul.qmatmul_t(x, qw, backends=backends))
     ms = {M: _best_seconds(lambda: f(jnp.ones((M, D), jnp.float32), qw), repeats) for M in rows}
     out[kind] = {"rows": [int(M) for M in rows], "s_per_weight": [ms[M] / (N * D) for M in rows],

@@ -129,16 +129,19 @@ def load_draft(m: Model, ds: DecodeSpec, draft=None, weights: str | None = None,
     return None
   if draft is not None and not isinstance(draft, (str, os.PathLike)):
     return draft                              # already loaded
-  name = draft
+  name, registry_weights = draft, None
   if name is None:
     from specjax.checkpoints import catalog
     name = catalog.default_draft(m.source)
     if name is None:
       raise SpecjaxError(f"drafter '{ds.drafter}' needs a draft model: pass --draft MODEL ('{m.source}' has no "
                          "default draft in the registry; `specjax models` lists them)")
-    log(f"drafter '{ds.drafter}': the registry's draft for {m.source} is {name}")
+    if jax.default_backend() == "cpu" and weights in (None, "auto"):   # the type it measured fastest at
+      registry_weights = catalog.default_draft_weights(m.source, getattr(m, "weights", None))
+    log(f"drafter '{ds.drafter}': the registry's draft for {m.source} is {name}"
+        + (f" at {registry_weights} (--draft-weights overrides)" if registry_weights else ""))
   if weights in (None, "auto"):
-    weights = m.weights if quant.holds_quantized(getattr(m, "params", {})) else None
+    weights = registry_weights or (m.weights if quant.holds_quantized(getattr(m, "params", {})) else None)
   backends = getattr(getattr(m, "cfg", None), "backends", None)
   acts = {} if backends is None else {"activations": backends.activations}    # the draft follows its target
   key = ("draft", str(name), weights, *acts.values())

@@ -117,7 +117,8 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto", activati
   matrices, embedding and head quantized at load (``quant.py`` says the policy and the formats), then
   dequantized inside the matmuls.  Quantized weights need float32 activations on the CPU.  ``activations``:
   what int8/int4 weights multiply in decode-sized matmuls, fp32 or int8 (``kernels/cpu_qdot.py``; auto:
-  ``SPECJAX_ACTIVATIONS``, else ``dispatch.DEFAULT_ACTIVATIONS``)."""
+  ``SPECJAX_ACTIVATIONS``, else ``dispatch.default_activations()``: int8 where the integer-dot kernel runs on
+  AVX-512 VNNI, else fp32)."""
   if dtype == "auto":
     dtype = default_dtype()
   if dtype not in _DTYPES:
@@ -132,7 +133,7 @@ def load(name_or_path: str, dtype: str = "auto", weights: str = "auto", activati
   if quantize_to is not None and act != quant.compute_dtype():
     raise SpecjaxError(f"--weights {weights} runs with {quant.compute_dtype().name} activations on "
                        f"{jax.default_backend()}: drop --dtype {dtype} (or use auto)")
-  dispatch.activations_choice(activations)     # a bad name fails before anything loads
+  dispatch.check_activations(activations)     # a bad name fails before anything loads
   from specjax.runtime import compile_cache
   from specjax.kernels import native
   from specjax.checkpoints import resolve

@@ -124,6 +124,10 @@ def test_registry_knows_the_coder_pair():
   assert registry.default_draft("smollm2-135m") is None
   rows = {r["name"]: r for r in registry.list_models()}
   assert rows["qwen2.5-coder-1.5b"]["default_draft"] == "qwen2.5-coder-0.5b"
+  assert rows["qwen2.5-coder-1.5b"]["default_draft_weights"] == "int8 beside fp32; else the target's"
+  assert rows["qwen2.5-coder-0.5b"]["default_draft_weights"] is None
+  assert registry.default_draft_weights("qwen2.5-coder-1.5b", "fp32") == "int8"
+  assert registry.default_draft_weights("qwen2.5-coder-1.5b", "int4") is None
   assert rows["qwen2.5-coder-0.5b"]["download_bytes"] == 491400064
 
 
@@ -142,6 +146,21 @@ def test_drafter_model_takes_the_registry_default(monkeypatch):
   args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--drafter", "model"])
   with pytest.raises(SpecjaxError, match="no default draft"):
     cli.common.load_draft(args, target("smollm2-135m"))
+
+
+def test_the_registry_draft_takes_the_weight_type_it_measured_fastest_at(monkeypatch):
+  """Beside an fp32 coder target the registry's 0.5B loads at int8 (on the CPU); --draft-weights wins."""
+  import types
+  asked = []
+  monkeypatch.setattr("specjax.runtime.builder.load", lambda name, dtype="auto", weights="auto":
+                      asked.append(weights) or types.SimpleNamespace(load_s=0.0))
+  coder = types.SimpleNamespace(source="qwen2.5-coder-1.5b", dtype="float32", params={}, companions={},
+                                weights="fp32")
+  for argv, want in (([], "int8"), (["--draft-weights", "fp32"], "fp32")):
+    args = cli.build_parser().parse_args(["generate", "--model", "qwen2.5-coder-1.5b", "--prompt", "x",
+                                          "--drafter", "model", *argv])
+    cli.common.load_draft(args, coder)
+    assert asked[-1] == want, argv
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -311,10 +330,11 @@ def test_coder_pair_method_grid():
   from experiments import coder_pair as cp
   specs = cp.method_specs(ks=(1, 2), sequoia_budgets=(8,), dynamic_budgets=(4, 16), dynamic_top_k=2,
                           dynamic_depth=8, ngram_ks=(5,), ngram_trees=("branch:2,1,1,1",), layerskip_ks=(3,),
-                          draft_layers=14, acceptance=[0.9, 0.05])
+                          draft_layers=14, acceptance=[0.9, 0.05], suffix_ks=(5,))
   assert [(g, x) for g, x, _ in specs] == [("model chain", 1), ("model chain", 2), ("model sequoia", 8),
                                            ("model dynamic", 4), ("model dynamic", 16), ("ngram chain", 5),
-                                           ("ngram trie", 8), ("layerskip", 3)]
+                                           ("ngram trie", 8), ("suffix chain", 5), ("layerskip", 3)]
+  assert specs[7][2] == {"drafter": "suffix", "k": 5}
   assert specs[4][2]["tree"] == "dynamic:16:2:8" and specs[2][2]["acceptance"] == [0.9, 0.05]
   with pytest.raises(SpecjaxError, match="acceptance table"):
     cp.method_specs(sequoia_budgets=(8,))

@@ -130,6 +130,9 @@ def main():
   # int4 weights (data, group scales and offsets sharded by the matrices' rules; XLA's dequantize-and-dot on
   # the mesh, the native kernel on one device): the same greedy tokens
   q4 = quant.quantize_params(params, "int4")
+  # fp32 activations on both: a mesh multiplies by fp32 activations on the CPU (dispatch.resolve), where one
+  # device would take integer ones by default on a CPU with VNNI
+  os.environ["SPECJAX_ACTIVATIONS"] = "fp32"
   out["results"]["int4-plain/greedy"] = {
       "single": run(q4, (), NoDrafter(), tree_shapes.chain(0), greedy, None),
       "2x4": run(q4, (), NoDrafter(), tree_shapes.chain(0), greedy, meshes["2x4"])}

@@ -122,6 +122,21 @@ def test_reference_is_an_integer_dot_near_fp32_activations():
 
 
 @needs_native
+def test_the_default_activations_follow_the_integer_dot_path(monkeypatch, restore_isa):
+  """``auto``: int8 where the integer-dot kernel runs on AVX-512 VNNI (measured faster there), else fp32; the
+  environment and an explicit choice win; a bad name fails before anything is built."""
+  monkeypatch.delenv("SPECJAX_ACTIVATIONS", raising=False)
+  want = "int8" if native.qdot_path() == "avx512-vnni" else "fp32"
+  assert dispatch.default_activations() == want and dispatch.resolve().activations == want
+  native.set_isa("avx2")
+  assert native.qdot_path() == "avx2" and dispatch.resolve().activations == "fp32"
+  monkeypatch.setenv("SPECJAX_ACTIVATIONS", "int8-64")
+  assert dispatch.resolve().activations == "int8-64" and dispatch.resolve(activations="fp32").activations == "fp32"
+  with pytest.raises(SpecjaxError, match="unknown activations 'int16'"):
+    dispatch.check_activations("int16")
+
+
+@needs_native
 def test_dispatch_takes_the_integer_kernel_for_decode_rows(monkeypatch):
   w = _weight("int8", 24, 64)
   x = jnp.asarray(np.random.default_rng(6).standard_normal((1, 3, 64)), jnp.float32)
