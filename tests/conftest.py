@@ -9,6 +9,11 @@ os.environ.setdefault("SPECJAX_NATIVE", "1")
 # bench's read-bandwidth probe (before and after every run it times) on 16 MiB, not 1 GiB: the tests read its
 # keys, never its value, and the 1 GiB probe was about 3 s a call, two calls a bench run, in every process.
 os.environ.setdefault("SPECJAX_PROBE_MB", "16")
+# fp32 activations beside quantized weights unless a test asks for integer ones: the default differs by CPU
+# (int8 where the integer-dot kernel has VNNI, dispatch.default_activations), and the suite should run the same
+# executables on every machine; test_qdot.py and the real-model tests run the integer paths by name, and one
+# test checks the default itself.  (With the CPU's default on this Xeon the cold suite took 18:25, not ~14.)
+os.environ.setdefault("SPECJAX_ACTIVATIONS", "fp32")
 
 # One build of the native kernels for the whole run: tests that start a process on a fresh SPECJAX_CACHE (an
 # empty cache is their subject) would otherwise each compile the kernels again, ~13 s of a core apiece.

@@ -157,7 +157,7 @@ def test_the_choice_is_made_once_at_load_and_rides_in_the_config(fresh, monkeypa
   loaded = config.TINY.replace(backends=dispatch.resolve())
   assert loaded.backends == dispatch.Backends(attention="native", native_matmul=frozenset({"small", "large"}),
                                               native_quant=True,     # (quantized weights: no measured table)
-                                              activations=dispatch.default_activations())
+                                              activations=dispatch.activations_choice())
   text = _forward_text(loaded)
   assert cpu_matmul.TARGET in text and cpu_attention.TARGET in text
   monkeypatch.setenv("SPECJAX_NATIVE", "0")              # after the load: the loaded model keeps its choice
