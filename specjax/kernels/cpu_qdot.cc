@@ -27,8 +27,8 @@
 // FFI targets "specjax_qdot_int8" and "specjax_qdot_int4" (cpu_qdot.py): the int8 and int4 formats of
 // cpu_qmatmul.cc, with attributes xblock (32 to 256) and tiled: weights repacked into 16-row tiles, which
 // cpu_qdot_tiles.cc multiplies (faster at every row count; a model with integer activations loads its weights
-// so), the row layout here serving the weights that cannot be tiled (N not a multiple of 16).  Paths: AVX-512 VNNI, AVX2, portable (isa.h);
-// SpecjaxQDotPath() says which one the active instruction set takes.
+// so), the row layout here serving the weights that cannot be tiled (N not a multiple of 16).  Paths: AVX-512
+// VNNI, AVX2, portable (isa.h); SpecjaxQDotPath() says which one the active instruction set takes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

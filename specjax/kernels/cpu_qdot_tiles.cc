@@ -286,22 +286,22 @@ inline void ForPasses(int64_t M, const Fn& fn, std::integer_sequence<int, I...>)
 
 void RowBlockTiles(const DotTask& t, int32_t path, int64_t t0, int64_t t1) {
 #if SPECJAX_X86
-  if (path == kPathVnni) {
+  // Each tile in passes of up to MAX rows; kernel(mb, tile, m0) runs one pass of mb rows.
+  const auto each_tile = [&](auto max, const auto& kernel) {
+    constexpr int MAX = decltype(max)::value;
     for (int64_t tile = t0; tile < t1; ++tile)
-      ForPasses<8>(t.M, [&](auto mb, int64_t m) {
-        if (t.kind == kInt8) TileVnni<kInt8, decltype(mb)::value>(t, tile, m);
-        else TileVnni<kInt4, decltype(mb)::value>(t, tile, m);
-      }, std::make_integer_sequence<int, 7>{});
-    return;
-  }
-  if (path == kPathAvx2) {
-    for (int64_t tile = t0; tile < t1; ++tile)
-      ForPasses<4>(t.M, [&](auto mb, int64_t m) {
-        if (t.kind == kInt8) TileAvx2<kInt8, decltype(mb)::value>(t, tile, m);
-        else TileAvx2<kInt4, decltype(mb)::value>(t, tile, m);
-      }, std::make_integer_sequence<int, 3>{});
-    return;
-  }
+      ForPasses<MAX>(t.M, [&](auto mb, int64_t m) { kernel(mb, tile, m); }, std::make_integer_sequence<int, MAX - 1>{});
+  };
+  if (path == kPathVnni)
+    return each_tile(std::integral_constant<int, 8>{}, [&](auto mb, int64_t tile, int64_t m) {
+      if (t.kind == kInt8) TileVnni<kInt8, decltype(mb)::value>(t, tile, m);
+      else TileVnni<kInt4, decltype(mb)::value>(t, tile, m);
+    });
+  if (path == kPathAvx2)
+    return each_tile(std::integral_constant<int, 4>{}, [&](auto mb, int64_t tile, int64_t m) {
+      if (t.kind == kInt8) TileAvx2<kInt8, decltype(mb)::value>(t, tile, m);
+      else TileAvx2<kInt4, decltype(mb)::value>(t, tile, m);
+    });
 #endif
   for (int64_t tile = t0; tile < t1; ++tile) TilePortable(t, tile);
 }

@@ -30,7 +30,7 @@ class QWeight:
   group: int = dataclasses.field(default=GROUP, metadata=dict(static=True))
   offset: jax.Array | None = None     # int4: the group minimum
   tiled: bool = dataclasses.field(default=False, metadata=dict(static=True))
-  """Whether the fields are in 16-row tiles (``tile``), the integer-dot kernel's layout, instead of rows."""
+  """Whether the fields are in 16-row tiles (``tile_rows``), the integer-dot kernel's layout, instead of rows."""
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -47,18 +47,18 @@ class QWeight:
 
   def in_rows(self) -> "QWeight":
     """The weight in the row layout (itself if it is in it)."""
-    if not self.tiled:
-      return self
-    opt = lambda x, unit: None if x is None else untile_rows(x, unit)   # noqa: E731
-    return QWeight(untile_rows(self.data, 4), opt(self.scale, 1), self.kind, self.group, opt(self.offset, 1))
+    return self._fields_through(untile_rows, tiled=False) if self.tiled else self
 
   def in_tiles(self) -> "QWeight":
-    """The weight in 16-row tiles (``tile_rows``; host numpy), or itself where that layout does not apply."""
+    """The weight in 16-row tiles (``tile_rows``; on the host), or itself where that layout does not apply."""
     if self.tiled or not tiles_apply(self):
       return self
-    tiles = lambda x, unit: None if x is None else jnp.asarray(tile_rows(np.asarray(x), unit))   # noqa: E731
-    return QWeight(tiles(self.data, 4), tiles(self.scale, 1), self.kind, self.group, tiles(self.offset, 1),
-                   tiled=True)
+    return self._fields_through(lambda x, unit: jnp.asarray(tile_rows(np.asarray(x), unit)), tiled=True)
+
+  def _fields_through(self, f, tiled: bool) -> "QWeight":
+    """The weight with each field x replaced by f(x, unit): unit 4 (bytes) for the data, 1 for scale and offset."""
+    opt = lambda x: None if x is None else f(x, 1)   # noqa: E731
+    return QWeight(f(self.data, 4), opt(self.scale), self.kind, self.group, opt(self.offset), tiled=tiled)
 
   def take_rows(self, ids, dtype=jnp.float32) -> jax.Array:
     """Rows ``ids`` of a [N, D] weight, dequantized (an embedding lookup): [..., D]."""
@@ -68,8 +68,7 @@ class QWeight:
     """The weight restricted to rows ``ids``, still quantized (a reduced-vocabulary head), in rows."""
     if self.tiled:   # row r is lane r % 16 of tile r // 16: gathered where it lies, nothing else is moved
       ids = jnp.asarray(ids)
-      pick = lambda x, unit: None if x is None else take_tiled_rows(x, ids, unit)   # noqa: E731
-      return QWeight(pick(self.data, 4), pick(self.scale, 1), self.kind, self.group, pick(self.offset, 1))
+      return self._fields_through(lambda x, unit: take_tiled_rows(x, ids, unit), tiled=False)
     take = lambda x: None if x is None else jnp.take(x, ids, axis=0)   # noqa: E731
     return QWeight(take(self.data), take(self.scale), self.kind, self.group, take(self.offset))
 
